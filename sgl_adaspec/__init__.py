@@ -1,0 +1,1 @@
+"""SLO-aware adaptive speculative decoding for SGLang."""

@@ -1,0 +1,65 @@
+"""Configuration of the plugin: one frozen dataclass, the single home of defaults.
+
+The values parsed from `python -m sglang.launch_server ... --spec-policy NAME` must reach SGLang's
+scheduler process, which multiprocessing *spawns* (a fresh interpreter). SGLang's own
+`ServerArgs.from_cli_args` keeps only its dataclass fields, so the plugin carries its config in one
+environment variable, `ADASPEC_CONFIG` (JSON), set in the launcher and inherited by every child.
+The name avoids the `SGL_`/`SGLANG_` prefixes that SGLang reserves for itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+CONFIG_ENV = "ADASPEC_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A plugin flag or flag combination that cannot work; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class AdaspecConfig:
+    """Plugin flags. Field names match the CLI flags (`spec_policy` <-> `--spec-policy`)."""
+
+    spec_policy: str = "static"
+
+    def __post_init__(self) -> None:
+        from sgl_adaspec.speculative.policies import policy_names
+
+        if self.spec_policy not in policy_names():
+            raise ConfigError(
+                f"unknown --spec-policy {self.spec_policy!r}; "
+                f"choose one of: {', '.join(policy_names())}"
+            )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "AdaspecConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown sgl_adaspec config keys: {', '.join(unknown)}")
+        return cls(**dict(values))
+
+    def export(self) -> None:
+        """Publish this config to child processes (see module docstring)."""
+        os.environ[CONFIG_ENV] = self.to_json()
+
+    @classmethod
+    def from_env(cls) -> "AdaspecConfig":
+        """The config published by the launcher, or the defaults when none was published."""
+        raw = os.environ.get(CONFIG_ENV)
+        if not raw:
+            return cls()
+        try:
+            values = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{CONFIG_ENV} is not valid JSON: {exc}") from exc
+        return cls.from_mapping(values)

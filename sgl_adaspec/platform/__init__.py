@@ -1,0 +1,1 @@
+"""Platform enablement: what SGLang lacks on a device, supplied by the plugin."""

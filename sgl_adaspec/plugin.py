@@ -1,0 +1,23 @@
+"""Entry point of the `sglang.srt.plugins` group: SGLang calls `register()` in every process.
+
+It registers hooks only; SGLang applies them after all plugins ran. What each hook does lives in
+its own module: flags in `cli`, the CPU enablement in `platform.cpu`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def register() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sgl_adaspec import cli
+    from sgl_adaspec.platform.cpu import hooks as cpu_hooks
+
+    server_args = "sglang.srt.server_args.ServerArgs"
+    HookRegistry.register(f"{server_args}.add_cli_args", cli.add_cli_args, HookType.AFTER)
+    HookRegistry.register(f"{server_args}.from_cli_args", cli.from_cli_args, HookType.AROUND)
+    cpu_hooks.register(HookRegistry, HookType)

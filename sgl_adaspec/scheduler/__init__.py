@@ -1,0 +1,1 @@
+"""Scheduling around speculation: SLO state, cost model and budget, SGLang scheduler adapter."""

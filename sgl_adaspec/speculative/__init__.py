@@ -1,0 +1,1 @@
+"""Speculation: candidate trees, selection, verification and the policies built on them."""
