@@ -58,9 +58,134 @@ def rope_init(original: Callable, self, *args, **kwargs):
         return original(self, *args, **kwargs)
 
 
-def register(registry, hook_type) -> None:
-    registry.register(
-        "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__",
-        rope_init,
-        hook_type.AROUND,
+def _first_tensor(args, kwargs) -> torch.Tensor:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+    raise TypeError("no tensor argument to tell the device from")
+
+
+def route_on_cpu(torch_impl: Callable) -> Callable:
+    """An AROUND hook running `torch_impl` (same signature) when the call's tensors are on the
+    generic CPU device, and SGLang's original otherwise."""
+
+    def hook(original, *args, **kwargs):
+        if on_generic_cpu(_first_tensor(args, kwargs).device):
+            return torch_impl(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    hook.__qualname__ = f"route_on_cpu({torch_impl.__name__})"
+    return hook
+
+
+def _verify_tree_greedy(*args, topk: int = -1, **kwargs):
+    from sgl_adaspec.platform.cpu import ops
+
+    ops.verify_tree_greedy(*args, **kwargs)
+    names = ("predicts", "accept_index", "accept_token_num")
+    bound = dict(zip(names, args)) | {k: kwargs[k] for k in names if k in kwargs}
+    return bound["predicts"], bound["accept_index"], bound["accept_token_num"]
+
+
+def kv_copy_init(original: Callable, pool) -> None:
+    """AROUND hook on `MHATokenToKVPool._init_kv_copy_and_warmup`: the tiled KV copy is a Triton
+    kernel over raw pointers; on CPU use SGLang's own torch move (`move_kv_cache_native`)."""
+    if not on_generic_cpu(pool.device):
+        return original(pool)
+    pool.use_native_move_kv_cache = True
+    pool._kv_copy_config = None
+
+
+def torch_native_backend_factory(original: Callable) -> Callable:
+    """Wraps SGLang's `torch_native` attention factory: on CPU, the tree-aware subclass."""
+
+    def create(runner):
+        if on_generic_cpu(runner.device):
+            from sgl_adaspec.platform.cpu.attention import TorchTreeAttnBackend
+
+            return TorchTreeAttnBackend(runner)
+        return original(runner)
+
+    create.__wrapped__ = original
+    return create
+
+
+def _draft_backend_is_torch_native(factory, backend_name: str) -> bool:
+    from sglang.srt.runtime_context import attention_backends
+
+    prefill_backend, decode_backend = attention_backends()
+    configured = decode_backend if backend_name == "decode" else prefill_backend
+    chosen = factory.draft_attn_backend or configured
+    return chosen == "torch_native" and on_generic_cpu(factory.draft_model_runner.device)
+
+
+def create_draft_decode_backend(original: Callable, factory):
+    """AROUND hook on `DraftBackendFactory.create_decode_backend`."""
+    if factory.speculative_num_steps <= 1 or not _draft_backend_is_torch_native(factory, "decode"):
+        return original(factory)
+    from sgl_adaspec.platform.cpu.attention import TorchMultiStepDraftBackend
+
+    return TorchMultiStepDraftBackend(
+        factory.draft_model_runner, factory.topk, factory.speculative_num_steps
     )
+
+
+def create_draft_extend_backend(original: Callable, factory):
+    """AROUND hook on `DraftBackendFactory.create_draft_extend_backend`."""
+    from sglang.srt.runtime_context import get_spec
+
+    which = "decode" if get_spec().speculative_attention_mode == "decode" else "prefill"
+    if not _draft_backend_is_torch_native(factory, which):
+        return original(factory)
+    from sgl_adaspec.platform.cpu.attention import TorchTreeAttnBackend
+
+    return TorchTreeAttnBackend(factory.draft_model_runner)
+
+
+def register(registry, hook_type) -> None:
+    from sgl_adaspec.platform.cpu import ops
+
+    around = hook_type.AROUND
+    kernels = "sglang.kernels.ops.speculative"
+    routed = {
+        f"{kernels}.spec_tree.build_tree_kernel_efficient_func": ops.build_tree_kernel_efficient,
+        f"{kernels}.spec_tree.verify_tree_greedy_func": _verify_tree_greedy,
+        f"{kernels}.cache_locs.assign_draft_cache_locs_contiguous_func": (
+            ops.assign_draft_cache_locs_contiguous
+        ),
+        f"{kernels}.cache_locs.assign_extend_cache_locs_func": ops.assign_extend_cache_locs,
+        f"{kernels}.cache_locs.fill_front_out_cache_loc_func": ops.fill_front_out_cache_loc,
+        f"{kernels}.eagle.fill_bonus_tokens_func": ops.fill_bonus_tokens,
+        f"{kernels}.eagle.fill_accept_out_cache_loc_func": ops.fill_accept_out_cache_loc,
+        "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func": (
+            ops.assign_req_to_token_pool
+        ),
+    }
+    for target, torch_impl in routed.items():
+        registry.register(target, route_on_cpu(torch_impl), around)
+    registry.register(
+        "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__", rope_init, around
+    )
+    registry.register(
+        "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup",
+        kv_copy_init,
+        around,
+    )
+    factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
+    registry.register(f"{factory}.create_decode_backend", create_draft_decode_backend, around)
+    registry.register(
+        f"{factory}.create_draft_extend_backend", create_draft_extend_backend, around
+    )
+    _register_attention_factory()
+
+
+def _register_attention_factory() -> None:
+    """Route `--attention-backend torch_native` through SGLang's own backend registry (a dict
+    of factories, which the hook registry's attribute patching does not reach)."""
+    from sglang.srt.layers.attention import attention_registry
+
+    current = attention_registry.ATTENTION_BACKENDS["torch_native"]
+    if getattr(current, "__wrapped__", None) is None:
+        attention_registry.register_attention_backend("torch_native")(
+            torch_native_backend_factory(current)
+        )
