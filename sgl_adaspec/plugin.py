@@ -20,4 +20,16 @@ def register() -> None:
     server_args = "sglang.srt.server_args.ServerArgs"
     HookRegistry.register(f"{server_args}.add_cli_args", cli.add_cli_args, HookType.AFTER)
     HookRegistry.register(f"{server_args}.from_cli_args", cli.from_cli_args, HookType.AROUND)
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.__init__", _announce_config, HookType.AFTER
+    )
     cpu_hooks.register(HookRegistry, HookType)
+
+
+def _announce_config(_result, scheduler, *args, **kwargs) -> None:
+    """AFTER hook on `Scheduler.__init__`: the scheduler process reads the launcher's config."""
+    from sgl_adaspec.config import AdaspecConfig
+
+    config = AdaspecConfig.from_env()
+    scheduler.adaspec_config = config
+    logger.info("sgl_adaspec: scheduler uses spec policy %s (%s)", config.spec_policy, config)

@@ -26,7 +26,6 @@ CPU_FLAGS = (
     "--dtype", "float32",
     "--max-total-tokens", "8192",
     "--max-running-requests", "8",
-    "--skip-server-warmup",
 )  # fmt: skip
 
 

@@ -143,9 +143,15 @@ def create_draft_extend_backend(original: Callable, factory):
 
 
 def register(registry, hook_type) -> None:
-    from sgl_adaspec.platform.cpu import ops
+    from sgl_adaspec.platform.cpu import interpreter_baseline, ops
 
     around = hook_type.AROUND
+    registry.register(
+        "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__", rope_init, around
+    )
+    if interpreter_baseline.requested():
+        interpreter_baseline.enable()
+        return
     kernels = "sglang.kernels.ops.speculative"
     routed = {
         f"{kernels}.spec_tree.build_tree_kernel_efficient_func": ops.build_tree_kernel_efficient,
@@ -163,9 +169,6 @@ def register(registry, hook_type) -> None:
     }
     for target, torch_impl in routed.items():
         registry.register(target, route_on_cpu(torch_impl), around)
-    registry.register(
-        "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__", rope_init, around
-    )
     registry.register(
         "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup",
         kv_copy_init,

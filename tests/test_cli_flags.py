@@ -1,0 +1,84 @@
+"""The plugin is discovered by SGLang, its flags parse, and bad flags stop the launcher early."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+from sgl_adaspec.config import CONFIG_ENV, AdaspecConfig, ConfigError
+from sgl_adaspec.speculative.policies import POLICIES
+
+
+def launch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_entry_point_is_registered_in_sglang_group():
+    names = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert names.get("sgl_adaspec") == "sgl_adaspec.plugin:register"
+
+
+def test_help_lists_spec_policy_with_choices():
+    result = launch("--help")
+    assert result.returncode == 0, result.stderr
+    assert "--spec-policy" in result.stdout
+    for name in POLICIES:
+        assert name in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--spec-policy", "fastest"], "unknown --spec-policy 'fastest'; choose one of: static"),
+        (["--spec-policy", "adaserve"], "--spec-policy adaserve needs --speculative-algorithm"),
+        (
+            ["--spec-policy", "adaserve", "--speculative-algorithm", "NGRAM"],
+            "needs --speculative-algorithm one of EAGLE, EAGLE3, STANDALONE (got NGRAM)",
+        ),
+    ],
+)
+def test_bad_flags_exit_nonzero_with_one_clear_line_before_loading(flags, message):
+    # The model path does not exist: reaching model loading would fail with another error.
+    result = launch("--model-path", "/nonexistent/model", *flags)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("sgl_adaspec:")]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_config_carrier_round_trip(monkeypatch):
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    assert AdaspecConfig.from_env() == AdaspecConfig()
+    AdaspecConfig(spec_policy="adaserve").export()
+    assert AdaspecConfig.from_env().spec_policy == "adaserve"
+
+
+@pytest.mark.parametrize("raw", ["{not json", '{"spec_policy": "nope"}', '{"colour": "red"}'])
+def test_corrupt_carrier_is_an_error_naming_the_problem(monkeypatch, raw):
+    monkeypatch.setenv(CONFIG_ENV, raw)
+    with pytest.raises(ConfigError):
+        AdaspecConfig.from_env()
+
+
+def test_torchvision_placeholder_serves_sglang_only():
+    code = (
+        "import transformers.utils as u\n"
+        "assert not u.is_torchvision_available()\n"
+        "try:\n"
+        "    import torchvision\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise SystemExit('non-SGLang import got the placeholder')\n"
+        "import sglang.srt.multimodal.internvl_utils\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
