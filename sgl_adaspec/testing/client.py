@@ -18,18 +18,30 @@ class StreamTiming:
     ttft_s: float
     decode_tokens: int
     decode_s: float
+    meta_info: dict
 
     @property
     def decode_tokens_per_s(self) -> float:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
 
 
-def stream_generate(url: str, text: str, max_new_tokens: int, timeout_s: float = 1800) -> StreamTiming:
-    payload = {
-        "text": text,
-        "stream": True,
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
-    }
+    @property
+    def tpot_ms(self) -> float:
+        """Mean time per output token after the first (the TPOT an SLO is stated in)."""
+        return 1000 * self.decode_s / self.decode_tokens if self.decode_tokens else float("nan")
+
+
+def stream_generate(
+    url: str,
+    text: str,
+    max_new_tokens: int,
+    custom_params: dict | None = None,
+    timeout_s: float = 1800,
+) -> StreamTiming:
+    sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+    if custom_params is not None:
+        sampling["custom_params"] = custom_params
+    payload = {"text": text, "stream": True, "sampling_params": sampling}
     start = time.perf_counter()
     first_t = first_tokens = last_t = None
     last = {}
@@ -52,4 +64,5 @@ def stream_generate(url: str, text: str, max_new_tokens: int, timeout_s: float =
         ttft_s=first_t - start,
         decode_tokens=last["meta_info"]["completion_tokens"] - first_tokens,
         decode_s=last_t - first_t,
+        meta_info=last["meta_info"],
     )
