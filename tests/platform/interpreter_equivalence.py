@@ -298,7 +298,9 @@ def check_tree(case: Case, gen: torch.Generator):
                 + "\n  (triton):\n"
                 + mask_blocks(t["tree_mask"], case)
             )
-        compare("build_tree_kernel_efficient/tree_mask", o["tree_mask"], t["tree_mask"], case, extra)
+        compare(
+            "build_tree_kernel_efficient/tree_mask", o["tree_mask"], t["tree_mask"], case, extra
+        )
 
     candidates = torch.cat((bonus.unsqueeze(1), draft_tokens), dim=1)  # [bs, ntok]
     return candidates, t
@@ -552,9 +554,11 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     failed = []
+    ran = 0
     accept_hist: dict[int, int] = {}
     for case in cases:
         t = time.time()
+        ran += 1
         try:
             info = run_case(case)
         except Mismatch as exc:
@@ -571,8 +575,6 @@ def main(argv=None) -> int:
             print(f"ok {time.time() - t:6.2f}s  {case.header()}", flush=True)
 
     elapsed = time.time() - t0
-    ran = len(cases) if args.keep_going or not failed else cases.index(
-        next(c for c in cases if c.index == failed[0])) + 1
     if failed:
         print(f"FAILED: {len(failed)} of {ran} cases mismatched (cases {failed}); {elapsed:.1f}s")
         return 1

@@ -180,6 +180,22 @@ def register(registry, hook_type) -> None:
         f"{factory}.create_draft_extend_backend", create_draft_extend_backend, around
     )
     _register_attention_factory()
+    _provide_missing_kernel(
+        "sglang.srt.speculative.eagle_utils",
+        "tree_speculative_sampling_target_only",
+        ops.tree_speculative_sampling_target_only,
+    )
+
+
+def _provide_missing_kernel(module_name: str, name: str, torch_impl: Callable) -> None:
+    """Fill a kernel SGLang leaves as None where it has no implementation (its CPU sampling
+    verify). The hook registry cannot wrap a None (it would rebind every None it finds), and
+    there is nothing to route around: the name is set only while it is None."""
+    import importlib
+
+    module = importlib.import_module(module_name)
+    if getattr(module, name) is None:
+        setattr(module, name, torch_impl)
 
 
 def _register_attention_factory() -> None:
