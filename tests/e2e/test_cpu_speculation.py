@@ -74,6 +74,7 @@ def test_eagle_batched_requests_stay_identical(eagle_server, reference_outputs):
 
 def test_native_and_openai_endpoints_answer(eagle_server):
     url = eagle_server.url
+    # No temperature given: SGLang samples at 1.0, i.e. tree verification under sampling.
     native = requests.post(
         f"{url}/generate",
         json={"text": "def add(a, b):", "sampling_params": {"max_new_tokens": 8}},
