@@ -32,10 +32,45 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
         help=f"Speculation policy (default: %(default)s). {policies}. Every policy except "
         f"'static' needs --speculative-algorithm one of {', '.join(TREE_ALGORITHMS)}.",
     )
+    group.add_argument(
+        "--slo-config",
+        type=str,
+        default=AdaspecConfig.slo_config,
+        metavar="PATH",
+        help="YAML file of TPOT SLO classes that requests name with custom_params.slo_class "
+        "(default: the repository's configs/slo_classes.yaml).",
+    )
+    group.add_argument(
+        "--adaserve-budget",
+        type=int,
+        default=AdaspecConfig.adaserve_budget,
+        metavar="B",
+        help="adaserve: tokens verified per iteration across the batch, one root per request "
+        "included (default: no budget, every candidate may be verified).",
+    )
+    group.add_argument(
+        "--adaserve-max-nodes-per-request",
+        type=int,
+        default=AdaspecConfig.adaserve_max_nodes_per_request,
+        metavar="N",
+        help="adaserve: n_max, the most draft nodes the SLO-customized phase gives one request "
+        "(default: all of its candidates).",
+    )
 
 
 def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
-    return AdaspecConfig(spec_policy=getattr(args, "spec_policy", AdaspecConfig.spec_policy))
+    defaults = AdaspecConfig()
+    return AdaspecConfig(
+        **{
+            name: getattr(args, name, getattr(defaults, name))
+            for name in (
+                "spec_policy",
+                "slo_config",
+                "adaserve_budget",
+                "adaserve_max_nodes_per_request",
+            )
+        }
+    )
 
 
 def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
@@ -47,6 +82,12 @@ def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
             f"--spec-policy {config.spec_policy} needs --speculative-algorithm one of "
             f"{', '.join(TREE_ALGORITHMS)} (got {algorithm or 'none'})"
         )
+    topk = getattr(server_args, "speculative_eagle_topk", None)
+    if config.spec_policy == "adaserve" and topk is not None and topk < 2:
+        raise ConfigError(
+            f"--spec-policy adaserve selects among tree candidates and needs "
+            f"--speculative-eagle-topk >= 2 (got {topk})"
+        )
 
 
 def from_cli_args(original, cls, args: argparse.Namespace):
@@ -55,6 +96,7 @@ def from_cli_args(original, cls, args: argparse.Namespace):
         config = config_from_namespace(args)
         server_args = original(cls, args)
         check_compatible(config, server_args)
+        config.load_slo_config()
     except ConfigError as exc:
         print(f"sgl_adaspec: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_BAD_FLAGS)

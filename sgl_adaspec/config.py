@@ -13,6 +13,8 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Mapping
 
 CONFIG_ENV = "ADASPEC_CONFIG"
@@ -27,6 +29,12 @@ class AdaspecConfig:
     """Plugin flags. Field names match the CLI flags (`spec_policy` <-> `--spec-policy`)."""
 
     spec_policy: str = "static"
+    # None: the repository's configs/slo_classes.yaml.
+    slo_config: str | None = None
+    # Verified tokens per iteration, roots included (None: no budget pressure).
+    adaserve_budget: int | None = None
+    # n_max: most candidates the SLO phase gives one request (None: all of its candidates).
+    adaserve_max_nodes_per_request: int | None = None
 
     def __post_init__(self) -> None:
         from sgl_adaspec.speculative.policies import policy_names
@@ -36,6 +44,28 @@ class AdaspecConfig:
                 f"unknown --spec-policy {self.spec_policy!r}; "
                 f"choose one of: {', '.join(policy_names())}"
             )
+
+        for name in ("adaserve_budget", "adaserve_max_nodes_per_request"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
+        if self.adaserve_budget is not None and self.adaserve_budget < 1:
+            raise ConfigError(f"--adaserve-budget must be >= 1, got {self.adaserve_budget}")
+        n_max = self.adaserve_max_nodes_per_request
+        if n_max is not None and n_max < 0:
+            raise ConfigError(f"--adaserve-max-nodes-per-request must be >= 0, got {n_max}")
+
+    @property
+    def slo_config_path(self) -> Path:
+        from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG
+
+        return Path(self.slo_config) if self.slo_config else REPO_SLO_CONFIG
+
+    def load_slo_config(self):
+        """The SLO classes (parsed once per process); ConfigError names file and line."""
+        from sgl_adaspec.scheduler.slo_config import load_slo_config
+
+        return _cached_slo_config(str(self.slo_config_path), load_slo_config)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -63,3 +93,8 @@ class AdaspecConfig:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{CONFIG_ENV} is not valid JSON: {exc}") from exc
         return cls.from_mapping(values)
+
+
+@lru_cache(maxsize=4)
+def _cached_slo_config(path: str, loader):
+    return loader(Path(path))

@@ -16,6 +16,7 @@ def register() -> None:
 
     from sgl_adaspec import cli
     from sgl_adaspec.platform.cpu import hooks as cpu_hooks
+    from sgl_adaspec.speculative import worker as spec_worker
 
     server_args = "sglang.srt.server_args.ServerArgs"
     HookRegistry.register(f"{server_args}.add_cli_args", cli.add_cli_args, HookType.AFTER)
@@ -23,7 +24,13 @@ def register() -> None:
     HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler.__init__", _announce_config, HookType.AFTER
     )
+    HookRegistry.register(
+        "sglang.srt.sampling.sampling_params.SamplingParams.verify",
+        _validate_request_slo,
+        HookType.AFTER,
+    )
     cpu_hooks.register(HookRegistry, HookType)
+    spec_worker.register(HookRegistry, HookType)
 
 
 def _announce_config(_result, scheduler, *args, **kwargs) -> None:
@@ -33,3 +40,11 @@ def _announce_config(_result, scheduler, *args, **kwargs) -> None:
     config = AdaspecConfig.from_env()
     scheduler.adaspec_config = config
     logger.info("sgl_adaspec: scheduler uses spec policy %s (%s)", config.spec_policy, config)
+
+
+def _validate_request_slo(_result, sampling_params, *args, **kwargs) -> None:
+    """AFTER hook on `SamplingParams.verify`: SGLang turns its ValueError into HTTP 400."""
+    from sgl_adaspec.config import AdaspecConfig
+    from sgl_adaspec.scheduler.request_slo import parse_request_slo
+
+    parse_request_slo(sampling_params.custom_params, AdaspecConfig.from_env().load_slo_config())

@@ -10,6 +10,8 @@ import requests
 
 from sgl_adaspec.testing.server import Server, eagle_flags, standalone_flags
 
+from .conftest import start
+
 PROMPTS = (
     "def fibonacci(n):",
     "import os\nimport sys\n\n",
@@ -17,11 +19,6 @@ PROMPTS = (
     "x",
 )
 MAX_NEW_TOKENS = 40
-
-
-def start(tmp_path_factory, name: str, model: Path, *extra: str) -> Server:
-    log = tmp_path_factory.mktemp(name) / "server.log"
-    return Server(model, extra_args=tuple(extra), log_path=log).start()
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +29,6 @@ def reference_outputs(models, tmp_path_factory) -> dict[str, list[int]]:
         return {p: output_ids(server, p) for p in PROMPTS}
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="module")
-def eagle_server(models, tmp_path_factory):
-    server = start(
-        tmp_path_factory, "eagle", models.target, *eagle_flags(models.eagle_draft),
-        "--spec-policy", "adaserve",
-    )  # fmt: skip
-    yield server
-    server.stop()
 
 
 def output_ids(server: Server, prompt: str, max_new_tokens: int = MAX_NEW_TOKENS) -> list[int]:

@@ -91,8 +91,13 @@ class TorchTreeAttnBackend(TorchNativeAttnBackend):
         q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         out = q.new_empty((q_.shape[0], layer.tp_q_head_num, layer.v_head_dim))
         tree = self._tree_masks(spec_info.custom_mask, seq_lens, ntok)
+        # Ragged verify (speculative/worker.py): request b verifies only nodes[b], packed.
+        nodes = getattr(spec_info, "adaspec_verify_nodes", None)
+        start = 0
         for b, prefix_len in enumerate(seq_lens):
-            rows = slice(b * ntok, (b + 1) * ntok)
+            count = ntok if nodes is None else int(nodes[b].numel())
+            rows = slice(start, start + count)
+            node_mask = tree[b] if nodes is None else tree[b][nodes[b]][:, nodes[b]]
             slots = torch.cat(
                 [
                     req_to_token[forward_batch.req_pool_indices[b], :prefix_len],
@@ -100,9 +105,10 @@ class TorchTreeAttnBackend(TorchNativeAttnBackend):
                 ]
             )
             keys, values = self._kv(layer, slots)
-            mask = torch.ones((ntok, prefix_len + ntok), dtype=torch.bool, device=q.device)
-            mask[:, prefix_len:] = tree[b]
+            mask = torch.ones((count, prefix_len + count), dtype=torch.bool, device=q.device)
+            mask[:, prefix_len:] = node_mask
             out[rows] = attend(q_[rows], keys, values, mask, layer.scaling)
+            start += count
         return out.view(q.shape[0], -1)
 
     def _tree_masks(self, custom_mask: torch.Tensor, seq_lens: list[int], ntok: int):

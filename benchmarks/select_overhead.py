@@ -1,0 +1,107 @@
+"""CPU time of AdaServe's selection at serving scale: n = 256 requests, depth 8, width 4.
+
+    python benchmarks/select_overhead.py [--runs N] [--threads T]
+
+Candidates are beam-search shaped (d layers of w nodes, each node's parent in the layer above,
+f = parent f * a random draft probability), N = d * w = 32 per request, budget B = 1024 tokens
+(roots included), n_max = 2 * d, and three SLO mixes: A(r) uniform in [0, 3) (both phases
+share the budget), in [0, d + 2) (the SLO phase takes it all), all 0 (best effort: only the
+batch-wide top-k). Each figure is the median over `--runs` timed calls after warm-up. `select`
+times select_adaserve on a Candidates whose tree depth is already known (cached on the object,
+as it is for the rest of an iteration); `build+select` also pays Candidates' validation and
+depth computation. Last line: adaserve_select_ms=<the largest `select` median of the mixes>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.selection import select_adaserve, select_static
+
+NUM_REQUESTS, DEPTH, WIDTH, BUDGET = 256, 8, 4, 1024
+MAX_NODES_PER_REQUEST = 2 * DEPTH
+
+
+def beam_candidates(generator: torch.Generator) -> dict[str, torch.Tensor]:
+    n, d, w = NUM_REQUESTS, DEPTH, WIDTH
+    parents = torch.empty(n, d * w, dtype=torch.int64)
+    parents[:, :w] = -1
+    for layer in range(1, d):  # parent: a random node of the previous layer
+        pick = torch.randint(0, w, (n, w), generator=generator)
+        parents[:, layer * w : (layer + 1) * w] = (layer - 1) * w + pick
+    step_prob = torch.rand(n, d * w, generator=generator) ** 0.5
+    path_prob = torch.empty(n, d * w)
+    path_prob[:, :w] = step_prob[:, :w]
+    for layer in range(1, d):
+        cols = slice(layer * w, (layer + 1) * w)
+        path_prob[:, cols] = path_prob.gather(1, parents[:, cols]) * step_prob[:, cols]
+    return {
+        "tokens": torch.randint(0, 32000, (n, d * w), generator=generator),
+        "parents": parents,
+        "path_prob": path_prob,
+        "valid": torch.ones(n, d * w, dtype=torch.bool),
+    }
+
+
+def median_ms(fn, runs: int) -> float:
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=None, help="default: torch's default")
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    generator = torch.Generator().manual_seed(0)
+    fields = beam_candidates(generator)
+    cands = Candidates(**fields)
+    uniform = torch.rand(NUM_REQUESTS, generator=generator)
+    mixes = {
+        "A~U[0,3)": uniform * 3,
+        f"A~U[0,{DEPTH + 2})": uniform * (DEPTH + 2),
+        "best effort": torch.zeros(NUM_REQUESTS),
+    }
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, runs {args.runs}")
+    print(f"n={NUM_REQUESTS} d={DEPTH} w={WIDTH} N={DEPTH * WIDTH} budget={BUDGET} "
+          f"n_max={MAX_NODES_PER_REQUEST}")
+    static_ms = median_ms(lambda: select_static(cands, BUDGET // NUM_REQUESTS - 1), args.runs)
+    print(f"select_static: median {static_ms:.3f} ms")
+    worst_ms = 0.0
+    for name, required in mixes.items():
+
+        def select(required=required):
+            return select_adaserve(cands, required, BUDGET, MAX_NODES_PER_REQUEST)
+
+        def build_and_select(required=required):
+            fresh = Candidates(**fields)
+            return select_adaserve(fresh, required, BUDGET, MAX_NODES_PER_REQUEST)
+
+        select_ms = median_ms(select, args.runs)
+        build_ms = median_ms(build_and_select, args.runs)
+        worst_ms = max(worst_ms, select_ms)
+        selection = select()
+        slo_nodes = int(selection.slo_counts.sum())
+        top_nodes = int(selection.counts.sum()) - slo_nodes
+        print(f"{name}: select median {select_ms:.3f} ms, build+select median {build_ms:.3f} ms; "
+              f"tokens {selection.total_tokens} = {NUM_REQUESTS} roots + {slo_nodes} SLO phase "
+              f"+ {top_nodes} throughput phase")
+    print(f"adaserve_select_ms={worst_ms:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""A request's SLO as the client states it in `custom_params`, validated at the HTTP boundary.
+
+Fields (SGLang's per-request `custom_params`; `sampling_params.custom_params` on /generate,
+top-level `custom_params` on the OpenAI-compatible endpoints, `extra_body` in the openai client):
+- `tpot_slo_ms`: a number, the TPOT target in ms per output token;
+- `slo_class`: the name of a class of the SLO config.
+Giving both is accepted only when the class is absolute and states the same target.
+A ValueError raised here becomes SGLang's HTTP 400 (or the Engine's exception).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sgl_adaspec.scheduler.slo_config import BEST_EFFORT, SloConfig, check_tpot_ms
+
+TPOT_FIELD = "tpot_slo_ms"
+CLASS_FIELD = "slo_class"
+
+
+@dataclass(frozen=True)
+class RequestSlo:
+    """What a request asked for: a class name (BEST_EFFORT for none) and, when known, its TPOT."""
+
+    slo_class: str
+    tpot_slo_ms: float | None = None
+    baseline_multiple: float | None = None
+
+    @property
+    def best_effort(self) -> bool:
+        return self.tpot_slo_ms is None and self.baseline_multiple is None
+
+
+def parse_request_slo(custom_params, config: SloConfig) -> RequestSlo:
+    if custom_params is None:
+        custom_params = {}
+    if not isinstance(custom_params, dict):
+        raise ValueError(f"custom_params must be an object, got {type(custom_params).__name__}")
+    has_tpot, has_class = TPOT_FIELD in custom_params, CLASS_FIELD in custom_params
+    tpot = check_tpot_ms(custom_params[TPOT_FIELD], TPOT_FIELD) if has_tpot else None
+    if not has_class:
+        if tpot is not None:
+            return RequestSlo("custom", tpot_slo_ms=tpot)
+        return _class_slo(config.default, config)
+    name = custom_params[CLASS_FIELD]
+    if not isinstance(name, str):
+        raise ValueError(f"{CLASS_FIELD} must be a string, got {name!r}")
+    if name != BEST_EFFORT and name not in config.classes:
+        known = ", ".join([*config.classes, BEST_EFFORT])
+        raise ValueError(f"{CLASS_FIELD} {name!r} is not a known SLO class (known: {known})")
+    slo = _class_slo(name, config)
+    if tpot is not None and slo.tpot_slo_ms != tpot:
+        raise ValueError(
+            f"{TPOT_FIELD}={tpot:g} conflicts with {CLASS_FIELD} {name!r} "
+            f"({_describe(slo)}); give one of the two"
+        )
+    return slo
+
+
+def _class_slo(name: str, config: SloConfig) -> RequestSlo:
+    if name == BEST_EFFORT:
+        return RequestSlo(BEST_EFFORT)
+    cls = config.classes[name]
+    return RequestSlo(name, tpot_slo_ms=cls.tpot_ms, baseline_multiple=cls.baseline_multiple)
+
+
+def _describe(slo: RequestSlo) -> str:
+    if slo.tpot_slo_ms is not None:
+        return f"{slo.tpot_slo_ms:g} ms"
+    if slo.baseline_multiple is not None:
+        return f"{slo.baseline_multiple:g}x the baseline TPOT"
+    return "best effort"

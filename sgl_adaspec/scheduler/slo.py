@@ -1,0 +1,113 @@
+"""Per-request SLO progress as one vectorized batch view, and AdaServe's required progress A(r).
+
+Terms (B = requests in the batch):
+- TPOT SLO t_r: the target time per output token (ms) of request r; NaN or +inf means the
+  request has no SLO (best effort).
+- decoding latency l_r: ms elapsed since r's first decode step.
+- tokens out o_r: tokens r has committed in the decode iterations counted by l_r (so that
+  l_r / o_r is its TPOT so far; the token produced by prefill is not one of them).
+- t_spec: the expected latency of the coming iteration (draft + verify).
+- slack: how far ahead of its SLO track a request is, in ms (t_r * o_r - l_r; negative = late).
+
+A request meets its SLO after this iteration when (l_r + t_spec) / (o_r + acc_r) <= t_r
+(AdaServe eq. 2), i.e. when it accepts acc_r >= A(r) = (l_r + t_spec) / t_r - o_r tokens.
+Here "accepted" counts everything the iteration commits, the bonus token included: the paper's
+E[acc(T)] = sum of f over the tree T *with its root* (f(root) = 1 is the bonus token, and
+Algorithm 2 starts n_acc at 1.0 for it), so A(r) <= 1 means the bonus token alone suffices.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SloBatch:
+    """SLO state of the B running requests. Fields:
+    - tpot_slo_ms [B] float: t_r; NaN or +inf = best effort;
+    - decode_elapsed_ms [B] float: l_r, >= 0;
+    - tokens_out [B] (int or float): o_r, >= 0.
+    """
+
+    tpot_slo_ms: torch.Tensor
+    decode_elapsed_ms: torch.Tensor
+    tokens_out: torch.Tensor
+
+    def __post_init__(self) -> None:
+        fields = {
+            "tpot_slo_ms": self.tpot_slo_ms,
+            "decode_elapsed_ms": self.decode_elapsed_ms,
+            "tokens_out": self.tokens_out,
+        }
+        for name, value in fields.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"SloBatch.{name} must be a torch.Tensor, got {type(value)}")
+            if value.ndim != 1 or value.shape != self.tpot_slo_ms.shape:
+                raise ValueError(
+                    f"SloBatch.{name} has shape {tuple(value.shape)}; every field must be [B] "
+                    f"with B = {self.tpot_slo_ms.shape[0] if self.tpot_slo_ms.ndim else '?'}"
+                )
+        for name in ("tpot_slo_ms", "decode_elapsed_ms"):
+            if not fields[name].is_floating_point():
+                raise TypeError(f"SloBatch.{name} must be floating, got {fields[name].dtype}")
+        tpot = self.tpot_slo_ms
+        if bool((self.has_slo & ~(tpot > 0)).any()) or bool((tpot == -math.inf).any()):
+            raise ValueError(f"SloBatch.tpot_slo_ms must be > 0 (or NaN/inf for none): {tpot}")
+        elapsed = self.decode_elapsed_ms
+        if not bool((torch.isfinite(elapsed) & (elapsed >= 0)).all()):
+            raise ValueError(f"SloBatch.decode_elapsed_ms must be finite and >= 0: {elapsed}")
+        out = self.tokens_out.double()
+        if not bool((torch.isfinite(out) & (out >= 0)).all()):
+            raise ValueError(f"SloBatch.tokens_out must be finite and >= 0: {self.tokens_out}")
+
+    @property
+    def num_requests(self) -> int:
+        return self.tpot_slo_ms.shape[0]
+
+    @property
+    def has_slo(self) -> torch.Tensor:
+        """[B] bool: the request has a finite TPOT SLO."""
+        return torch.isfinite(self.tpot_slo_ms)
+
+    @property
+    def slack_ms(self) -> torch.Tensor:
+        """[B] float: t_r * o_r - l_r, ms ahead of the SLO track (negative = late; inf = none)."""
+        ahead = self.tpot_slo_ms * self.tokens_out - self.decode_elapsed_ms
+        return torch.where(self.has_slo, ahead, math.inf)
+
+
+def required_tokens(slo: SloBatch, t_spec_ms: float) -> torch.Tensor:
+    """A(r) [B] float: tokens r must commit this iteration (bonus included) to be on its SLO track.
+
+    From (l_r + t_spec) / (o_r + A) = t_r: A(r) = (l_r + t_spec) / t_r - o_r. It may be <= 1
+    (the bonus token alone suffices) or negative (r is ahead). Best-effort requests get 0: they
+    need nothing, and they sort after every request that is behind.
+    """
+    if not (math.isfinite(t_spec_ms) and t_spec_ms >= 0):
+        raise ValueError(f"t_spec_ms must be finite and >= 0, got {t_spec_ms}")
+    has_slo = slo.has_slo  # [B]
+    tpot = torch.where(has_slo, slo.tpot_slo_ms, 1.0)  # [B], no division by NaN/inf
+    required = (slo.decode_elapsed_ms + t_spec_ms) / tpot - slo.tokens_out  # [B]
+    return torch.where(has_slo, required, 0.0)
+
+
+def capped_required(required: torch.Tensor, depth: torch.Tensor | int) -> torch.Tensor:
+    """A_cap(r) = min(A(r), d + 1) [B]: the most a depth-d tree can deliver in one iteration.
+
+    A verified path holds at most d draft tokens, and the bonus token comes on top, so at most
+    d + 1 tokens are committed; asking for more cannot be met this iteration (AdaServe 4.3,
+    "Step 2"). The +1 is the bonus token, in the same units as A(r) and n_acc (which starts
+    at 1). `depth` is an int or [B] (per-request tree depth).
+    """
+    if isinstance(depth, int):
+        if depth < 0:
+            raise ValueError(f"depth must be >= 0, got {depth}")
+        return required.clamp(max=float(depth + 1))
+    if depth.shape != required.shape:
+        raise ValueError(f"depth has shape {tuple(depth.shape)}, required {tuple(required.shape)}")
+    if bool((depth < 0).any()):
+        raise ValueError(f"depth must be >= 0: {depth}")
+    return torch.minimum(required, (depth + 1).to(required.dtype))

@@ -1,0 +1,159 @@
+"""Candidate trees: what the draft model proposes for each request before selection.
+
+Dims (the same letters everywhere in `speculative/` and `scheduler/`):
+- B: requests in the batch (the paper's n). The paper calls the token budget "B"; here it is
+  always spelled `budget`.
+- N: candidate nodes per request (padded to the largest request; `valid` marks real nodes).
+
+Glossary:
+- root: the request's last committed token. It is not a candidate node (it has no slot in the
+  [B, N] tensors); it is always verified, and a parent index of -1 means "child of the root".
+- path probability f(v): product of the draft probabilities along root..v (AdaServe eq. 7), the
+  estimate that the target accepts the whole path to v. f(root) = 1 and f never increases from a
+  node to its child, so selecting by descending f with ties broken toward earlier nodes always
+  yields a subtree that contains every selected node's parent.
+- accepted tokens: the draft tokens on the longest path the target agrees with.
+- bonus token: the one token the target itself produces after the accepted path (at the root
+  when nothing is accepted). Every verification yields it, so a request gains
+  `accepted + 1` tokens per iteration; the root is where that token comes from.
+- expected accepted (AdaServe Theorem 3.1): E[acc(T)] = sum_{v in T} f(v) over the tree T
+  *including the root*, i.e. `1 + sum of f over the selected candidate nodes`. The "1" is the
+  bonus token; this count is what the paper's n_acc tracks (it starts at 1.0).
+- budget: the number of tokens verified in one target forward over the whole batch, roots
+  included (the paper's constraint sum_i |T_i| <= B counts each tree's root).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Per-request candidate trees, padded to N nodes.
+
+    Node order: any order in which a parent precedes its children (breadth-first, as a beam
+    search produces it, is the usual one). Fields:
+    - tokens [B, N] int64: the draft token of each node;
+    - parents [B, N] int64: index of the parent node in the same row, -1 for a child of the root;
+    - path_prob [B, N] float: f(v) in [0, 1], never larger than the parent's f;
+    - valid [B, N] bool: False marks padding (its other fields are ignored). A valid node's
+      parent is valid.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    path_prob: torch.Tensor
+    valid: torch.Tensor
+
+    def __post_init__(self) -> None:
+        fields = {
+            "tokens": self.tokens,
+            "parents": self.parents,
+            "path_prob": self.path_prob,
+            "valid": self.valid,
+        }
+        for name, value in fields.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"Candidates.{name} must be a torch.Tensor, got {type(value)}")
+            if value.ndim != 2:
+                raise ValueError(
+                    f"Candidates.{name} must be [B, N], got shape {tuple(value.shape)}"
+                )
+            if value.shape != self.tokens.shape:
+                raise ValueError(
+                    f"Candidates.{name} has shape {tuple(value.shape)}, tokens has "
+                    f"{tuple(self.tokens.shape)}; all fields must be [B, N]"
+                )
+            if value.device != self.tokens.device:
+                raise ValueError(
+                    f"Candidates.{name} is on {value.device}, tokens on {self.tokens.device}"
+                )
+        if self.tokens.dtype != torch.int64:
+            raise TypeError(f"Candidates.tokens must be int64, got {self.tokens.dtype}")
+        if self.parents.dtype != torch.int64:
+            raise TypeError(f"Candidates.parents must be int64, got {self.parents.dtype}")
+        if not self.path_prob.is_floating_point():
+            raise TypeError(f"Candidates.path_prob must be floating, got {self.path_prob.dtype}")
+        if self.valid.dtype != torch.bool:
+            raise TypeError(f"Candidates.valid must be bool, got {self.valid.dtype}")
+        self._check_tree()
+
+    def _check_tree(self) -> None:
+        num_nodes = self.num_nodes
+        if num_nodes == 0:
+            return
+        node_index = torch.arange(num_nodes, device=self.parents.device)  # [N]
+        bad = (self.parents < -1) | (self.parents >= node_index)
+        if bool(bad.any()):
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(
+                f"Candidates.parents[{b}, {j}] = {int(self.parents[b, j])}: a parent must be -1 "
+                f"(the root) or an earlier node index (< {j})"
+            )
+        has_parent = self.parents >= 0  # [B, N]
+        parent_slot = self.parents.clamp(min=0)  # [B, N]
+        parent_valid = self.valid.gather(1, parent_slot) | ~has_parent  # [B, N]
+        bad = self.valid & ~parent_valid
+        if bool(bad.any()):
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(
+                f"Candidates node [{b}, {j}] is valid but its parent {int(self.parents[b, j])} is "
+                f"padding"
+            )
+        prob = self.path_prob
+        bad = self.valid & ~((prob >= 0) & (prob <= 1))  # NaN fails both comparisons
+        if bool(bad.any()):
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(
+                f"Candidates.path_prob[{b}, {j}] = {float(prob[b, j])}: must be in [0, 1]"
+            )
+        parent_prob = torch.where(has_parent, prob.gather(1, parent_slot), 1.0)  # [B, N]
+        bad = self.valid & (prob > parent_prob)
+        if bool(bad.any()):
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(
+                f"Candidates.path_prob[{b}, {j}] = {float(prob[b, j])} exceeds its parent's "
+                f"{float(parent_prob[b, j])}: a path probability never increases along a path "
+                f"(build it as parent_prob * p, not from summed log-probs without clamping)"
+            )
+
+    @property
+    def num_requests(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def num_valid(self) -> torch.Tensor:
+        """[B] int64: real (non-padding) candidate nodes per request."""
+        return self.valid.sum(dim=1)
+
+    @cached_property
+    def depth(self) -> torch.Tensor:
+        """[B, N] int64: depth of each node; children of the root have depth 1.
+
+        Pointer jumping, one gather per tree level (the loop runs max-depth times, not per node).
+        """
+        depth = torch.ones_like(self.parents)  # [B, N]
+        ancestor = self.parents  # [B, N], -1 once we are past the root
+        while True:
+            above_root = ancestor >= 0
+            if not bool(above_root.any()):
+                return depth
+            depth = depth + above_root
+            ancestor = torch.where(
+                above_root, self.parents.gather(1, ancestor.clamp(min=0)), ancestor
+            )
+
+    @cached_property
+    def max_depth(self) -> torch.Tensor:
+        """[B] int64: depth of each request's deepest valid node (0 when it has none)."""
+        if self.num_nodes == 0:
+            return torch.zeros(self.num_requests, dtype=torch.int64, device=self.tokens.device)
+        return torch.where(self.valid, self.depth, 0).amax(dim=1)

@@ -1,0 +1,261 @@
+"""SGLang adapter of the speculation policies: hooks around EAGLE v2's draft and verify.
+
+One speculative decode iteration of `EAGLEWorkerV2.forward_batch_generation`:
+1. the draft's beam search and SGLang's per-request rerank (`organize_draft_results`) produce
+   each request's candidate tree; the hook keeps the candidates' path probabilities f;
+2. before verification (`EAGLEWorkerV2.verify`) the policy selects, per request, which
+   candidates to verify; unselected nodes are cut out of the tree links, so the greedy or
+   sampling walk can only accept selected nodes;
+3. the target's verify forward (`TpModelWorker.forward_batch_generation`, is_verify) runs on the
+   selected nodes only (ragged: each request its own count) where the attention backend supports
+   it (the plugin's torch backend), and its outputs are scattered back to SGLang's [bs, ntok]
+   layout; elsewhere the full tree is verified and only acceptance is restricted;
+4. the iteration's wall time updates the policy's latency estimate.
+Per-request verified-token counts go to each response's meta_info (`adaspec_verified_tokens`,
+one entry per iteration) through SGLang's `customized_info`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from sgl_adaspec.config import AdaspecConfig
+from sgl_adaspec.platform.cpu.ops import NO_NODE, sibling_links, tree_parent_nodes
+from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo
+from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
+
+logger = logging.getLogger(__name__)
+
+VERIFIED_TOKENS_KEY = "adaspec_verified_tokens"
+
+
+@dataclass
+class Iteration:
+    """What one speculative iteration learns before verification.
+    path_prob [bs, ntok-1]: f of SGLang's candidate nodes, in its node order (root excluded)."""
+
+    path_prob: torch.Tensor | None = None
+
+
+_ITERATION: contextvars.ContextVar[Iteration | None] = contextvars.ContextVar(
+    "adaspec_iteration", default=None
+)
+
+
+@contextlib.contextmanager
+def iteration_scope():
+    if _ITERATION.get() is not None:
+        raise RuntimeError("speculative iterations do not nest")
+    token = _ITERATION.set(Iteration())
+    try:
+        yield _ITERATION.get()
+    finally:
+        _ITERATION.reset(token)
+
+
+@dataclass
+class RequestState:
+    """Per-request SLO bookkeeping, attached to SGLang's Req (it lives as long as the request)."""
+
+    slo: RequestSlo
+    decode_start_s: float
+    tokens_at_start: int
+
+
+def _policy_of(worker) -> AdaservePolicy | None:
+    policy = getattr(worker, "_adaspec_policy", None)
+    if policy is None:
+        config = AdaspecConfig.from_env()
+        if config.spec_policy != "adaserve":
+            return None
+        policy = AdaservePolicy(
+            AdaserveConfig(
+                budget=config.adaserve_budget,
+                max_nodes_per_request=config.adaserve_max_nodes_per_request,
+            )
+        )
+        worker._adaspec_policy = policy
+        logger.info("sgl_adaspec: adaserve policy active: %s", policy.config)
+    return policy
+
+
+# --- hooks -------------------------------------------------------------------------------------
+
+
+def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs):
+    """AROUND `EAGLEWorkerV2.forward_batch_generation`: one iteration scope, timed."""
+    policy = _policy_of(worker)
+    if policy is None or batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+        return original(worker, batch, *args, **kwargs)
+    start = time.perf_counter()
+    with iteration_scope():
+        result = original(worker, batch, *args, **kwargs)
+    if not batch.forward_mode.is_idle():
+        policy.observe_iteration(1000 * (time.perf_counter() - start))
+    return result
+
+
+def organize_draft_results(original: Callable, score_list, token_list, parents_list, num_draft):
+    """AROUND `eagle_utils.organize_draft_results`: keep the chosen nodes' path probabilities."""
+    parent_list, top_scores_index, draft_tokens = original(
+        score_list, token_list, parents_list, num_draft
+    )
+    scope = _ITERATION.get()
+    if scope is not None:
+        scores = torch.cat(score_list, dim=1).flatten(1)  # [bs, all expanded nodes]
+        scope.path_prob = torch.gather(scores, 1, top_scores_index)
+    return parent_list, top_scores_index, draft_tokens
+
+
+def verify(original: Callable, worker, batch, *args, **kwargs):
+    """AROUND `EAGLEWorkerV2.verify`: select, prune the tree, verify, report."""
+    policy = _policy_of(worker)
+    scope = _ITERATION.get()
+    if (
+        policy is None
+        or scope is None
+        or scope.path_prob is None
+        or batch.forward_mode.is_idle()
+    ):
+        return original(worker, batch, *args, **kwargs)
+    verify_input = batch.spec_info
+    cands = candidates_from_verify_input(verify_input, scope.path_prob)
+    selection, _required = policy.select(cands, slo_batch(batch.reqs))
+    keep = torch.ones(
+        (cands.num_requests, cands.num_nodes + 1), dtype=torch.bool, device=cands.tokens.device
+    )
+    keep[:, 1:] = selection.mask
+    prune_tree(verify_input, keep)
+    verify_input.adaspec_keep = keep
+    result = original(worker, batch, *args, **kwargs)
+    verified = (selection.counts + 1).tolist()  # roots included
+    logits_output = result.logits_output
+    if logits_output is not None:
+        info = logits_output.customized_info or {}
+        info[VERIFIED_TOKENS_KEY] = verified
+        logits_output.customized_info = info
+    return result
+
+
+def target_forward(original: Callable, worker, batch=None, forward_batch=None, *args, **kwargs):
+    """AROUND `TpModelWorker.forward_batch_generation`: ragged verify of the kept nodes."""
+    keep = getattr(getattr(forward_batch, "spec_info", None), "adaspec_keep", None)
+    if (
+        not kwargs.get("is_verify", False)
+        or keep is None
+        or bool(keep.all())
+        or not _backend_runs_ragged_verify(worker)
+    ):
+        return original(worker, batch, forward_batch, *args, **kwargs)
+    rows = keep.reshape(-1).nonzero().squeeze(1)  # [kept] rows of the [bs * ntok] layout
+    full = {name: getattr(forward_batch, name) for name in ("input_ids", "positions", "out_cache_loc")}
+    for name, value in full.items():
+        setattr(forward_batch, name, value[rows])
+    spec_info = forward_batch.spec_info
+    spec_info.adaspec_verify_nodes = [row.nonzero().squeeze(1) for row in keep]
+    try:
+        result = original(worker, batch, forward_batch, *args, **kwargs)
+    finally:
+        for name, value in full.items():
+            setattr(forward_batch, name, value)
+        spec_info.adaspec_verify_nodes = None
+    _scatter_rows(result.logits_output, rows, keep.numel())
+    return result
+
+
+def _backend_runs_ragged_verify(worker) -> bool:
+    from sgl_adaspec.platform.cpu.attention import TorchTreeAttnBackend
+
+    return isinstance(worker.model_runner.attn_backend, TorchTreeAttnBackend)
+
+
+def _scatter_rows(logits_output, rows: torch.Tensor, num_rows: int) -> None:
+    """Expand per-kept-node outputs back to SGLang's [bs * ntok] rows (the rest stay zero: the
+    pruned tree never reads them)."""
+    for name in ("next_token_logits", "hidden_states"):
+        packed = getattr(logits_output, name, None)
+        if packed is None:
+            continue
+        full = packed.new_zeros((num_rows, *packed.shape[1:]))
+        full[rows] = packed
+        setattr(logits_output, name, full)
+
+
+# --- adapters between SGLang objects and the policy's tensors ---------------------------------
+
+
+def candidates_from_verify_input(verify_input, path_prob: torch.Tensor) -> Candidates:
+    """SGLang's verify tree (node 0 = root) as the policy's Candidates (root excluded)."""
+    next_token = verify_input.retrieve_next_token.tolist()
+    next_sibling = verify_input.retrieve_next_sibling.tolist()
+    parents = torch.tensor(tree_parent_nodes(next_token, next_sibling), dtype=torch.long)
+    bs, ntok = verify_input.retrieve_next_token.shape
+    draft_tokens = verify_input.draft_token.view(bs, ntok)
+    node_parents = parents[:, 1:] - 1  # root (0) -> -1; unlinked (NO_NODE) -> -2
+    valid = node_parents >= -1
+    return Candidates(
+        tokens=draft_tokens[:, 1:].long().cpu(),
+        parents=torch.where(valid, node_parents, -1),
+        path_prob=path_prob.float().cpu().clamp(0.0, 1.0),
+        valid=valid,
+    )
+
+
+def prune_tree(verify_input, keep: torch.Tensor) -> None:
+    """Unlink every node not in `keep` [bs, ntok] (closed under parent) from the verify tree."""
+    next_token = verify_input.retrieve_next_token
+    parents = torch.tensor(
+        tree_parent_nodes(next_token.tolist(), verify_input.retrieve_next_sibling.tolist()),
+        dtype=torch.long,
+    )
+    parents = torch.where(keep.cpu(), parents, NO_NODE)
+    first_child, next_sib = sibling_links(parents)
+    verify_input.retrieve_next_token.copy_(first_child.to(next_token.device))
+    verify_input.retrieve_next_sibling.copy_(next_sib.to(next_token.device))
+
+
+def slo_batch(reqs) -> SloBatch:
+    """The running requests' SLO state; a request's clock starts at its first decode iteration."""
+    now = time.perf_counter()
+    config = AdaspecConfig.from_env()
+    slo_config = config.load_slo_config()
+    tpot, elapsed, tokens = [], [], []
+    for req in reqs:
+        state = getattr(req, "_adaspec_state", None)
+        if state is None:
+            slo = parse_request_slo(req.sampling_params.custom_params, slo_config)
+            state = RequestState(slo, now, len(req.output_ids))
+            req._adaspec_state = state
+        tpot.append(state.slo.tpot_slo_ms if state.slo.tpot_slo_ms is not None else math.nan)
+        elapsed.append(1000 * (now - state.decode_start_s))
+        tokens.append(len(req.output_ids) - state.tokens_at_start)
+    return SloBatch(
+        tpot_slo_ms=torch.tensor(tpot, dtype=torch.float64),
+        decode_elapsed_ms=torch.tensor(elapsed, dtype=torch.float64),
+        tokens_out=torch.tensor(tokens, dtype=torch.float64),
+    )
+
+
+def register(registry, hook_type) -> None:
+    around = hook_type.AROUND
+    worker = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
+    registry.register(f"{worker}.forward_batch_generation", forward_batch_generation, around)
+    registry.register(f"{worker}.verify", verify, around)
+    registry.register(
+        "sglang.srt.speculative.eagle_utils.organize_draft_results", organize_draft_results, around
+    )
+    registry.register(
+        "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",
+        target_forward,
+        around,
+    )

@@ -1,0 +1,25 @@
+"""Servers shared by the end-to-end modules (each start costs ~30 s on 2 cores)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sgl_adaspec.testing.server import Server, eagle_flags
+
+
+def start(tmp_path_factory, name: str, model: Path, *extra: str) -> Server:
+    log = tmp_path_factory.mktemp(name) / "server.log"
+    return Server(model, extra_args=tuple(extra), log_path=log).start()
+
+
+@pytest.fixture(scope="session")
+def eagle_server(models, tmp_path_factory):
+    """tiny-llama with its EAGLE draft (steps 3, topk 2, 6 tokens) and --spec-policy adaserve."""
+    server = start(
+        tmp_path_factory, "eagle", models.target, *eagle_flags(models.eagle_draft),
+        "--spec-policy", "adaserve",
+    )  # fmt: skip
+    yield server
+    server.stop()

@@ -1,0 +1,66 @@
+"""adaserve end to end on CPU: mixed TPOT SLOs in one batch under a tight budget. Outputs stay
+token-identical to no speculation, and the request behind its SLO verifies more tokens per
+iteration than the relaxed one while both run."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+import requests
+
+from sgl_adaspec.testing.server import eagle_flags
+
+from .conftest import start
+
+TIGHT, LOOSE = ("def fibonacci(n):", 0.5), ("import os\nimport sys\n\n", 5000.0)
+MAX_NEW_TOKENS = 40
+
+
+def generate(url: str, prompt: str, custom_params: dict | None = None) -> dict:
+    sampling = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS}
+    if custom_params is not None:
+        sampling["custom_params"] = custom_params
+    response = requests.post(
+        f"{url}/generate", json={"text": prompt, "sampling_params": sampling}, timeout=300
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def adaserve_outputs(models, tmp_path_factory):
+    """Both requests sent concurrently to a server with budget 8 (2 roots + 6 draft nodes)."""
+    flags = (
+        *eagle_flags(models.eagle_draft, steps=3, topk=4, num_draft_tokens=8),
+        "--spec-policy", "adaserve", "--adaserve-budget", "8",
+    )  # fmt: skip
+    server = start(tmp_path_factory, "adaserve", models.target, *flags)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            jobs = [(p, {"tpot_slo_ms": slo}) for p, slo in (TIGHT, LOOSE)]
+            return list(pool.map(lambda job: generate(server.url, *job), jobs))
+    finally:
+        server.stop()
+
+
+def test_mixed_slo_batch_is_token_identical_to_no_speculation(
+    models, tmp_path_factory, adaserve_outputs
+):
+    server = start(tmp_path_factory, "plain-adaserve-ref", models.target)
+    try:
+        expected = [generate(server.url, prompt)["output_ids"] for prompt, _ in (TIGHT, LOOSE)]
+    finally:
+        server.stop()
+    assert [out["output_ids"] for out in adaserve_outputs] == expected
+
+
+def test_tight_slo_gets_more_verified_tokens_than_loose(adaserve_outputs):
+    tight, loose = (out["meta_info"]["adaspec_verified_tokens"] for out in adaserve_outputs)
+    # Compare the iterations both requests ran together (same batch, same budget).
+    together = min(len(tight), len(loose))
+    assert together >= 10
+    tight_mean = sum(tight[:together]) / together
+    loose_mean = sum(loose[:together]) / together
+    assert tight_mean > loose_mean, (tight, loose)
+    assert max(tight[:together]) + max(loose[:together]) <= 8  # never above the budget

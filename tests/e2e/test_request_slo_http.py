@@ -1,0 +1,68 @@
+"""Per-request SLOs over HTTP on a real server: accepted on every API, bad input gets HTTP 400
+naming the field, and the server keeps serving."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import requests
+
+BAD = [
+    ({"tpot_slo_ms": -5}, "tpot_slo_ms must be > 0"),
+    ({"tpot_slo_ms": "abc"}, "tpot_slo_ms must be a number"),
+    ({"tpot_slo_ms": 1e12}, "at most"),
+    ({"slo_class": "platinum"}, "slo_class 'platinum' is not a known SLO class"),
+    ({"slo_class": "chat", "tpot_slo_ms": 10}, "conflicts with slo_class 'chat'"),
+]
+
+
+def post(server, api: str, custom_params) -> requests.Response:
+    if api == "generate":
+        body = {
+            "text": "def f(x):",
+            "sampling_params": {
+                "max_new_tokens": 4, "temperature": 0, "custom_params": custom_params,
+            },
+        }  # fmt: skip
+        return requests.post(f"{server.url}/generate", json=body, timeout=120)
+    body = {"model": "default", "max_tokens": 4, "temperature": 0, "custom_params": custom_params}
+    if api == "completions":
+        body["prompt"] = "def f(x):"
+    else:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    return requests.post(f"{server.url}/v1/{api}", json=body, timeout=120)
+
+
+APIS = ["generate", "completions", "chat/completions"]
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("params", [{"tpot_slo_ms": 25}, {"slo_class": "chat"}, {}])
+def test_valid_slo_is_served(eagle_server, api, params):
+    assert post(eagle_server, api, params).status_code == 200
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize(("params", "message"), BAD)
+def test_bad_slo_is_rejected_with_400_naming_the_field(eagle_server, api, params, message):
+    response = post(eagle_server, api, params)
+    assert response.status_code == 400, response.text
+    assert message in response.text
+    # The server keeps serving.
+    assert post(eagle_server, api, {"tpot_slo_ms": 40}).status_code == 200
+
+
+def test_malformed_slo_config_fails_startup_with_file_and_line(tmp_path):
+    config = tmp_path / "slo.yaml"
+    config.write_text("classes:\n  chat:\n    tpot_ms: 0\n")
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "sglang.launch_server", "--model-path", "/nonexistent",
+            "--slo-config", str(config),
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert f"sgl_adaspec: error: {config}:3: class 'chat' tpot_ms must be > 0" in result.stderr

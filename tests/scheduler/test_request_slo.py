@@ -1,0 +1,55 @@
+"""Per-request SLO fields in custom_params: accepted forms and the errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo
+from sgl_adaspec.scheduler.slo_config import BEST_EFFORT, SloClass, SloConfig
+
+CONFIG = SloConfig(
+    {"coding": SloClass("coding", baseline_multiple=1.2), "chat": SloClass("chat", tpot_ms=50)}
+)
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (None, RequestSlo(BEST_EFFORT)),
+        ({}, RequestSlo(BEST_EFFORT)),
+        ({"other_plugin": 1}, RequestSlo(BEST_EFFORT)),
+        ({"tpot_slo_ms": 20}, RequestSlo("custom", tpot_slo_ms=20.0)),
+        ({"slo_class": "chat"}, RequestSlo("chat", tpot_slo_ms=50)),
+        ({"slo_class": "coding"}, RequestSlo("coding", baseline_multiple=1.2)),
+        ({"slo_class": "chat", "tpot_slo_ms": 50.0}, RequestSlo("chat", tpot_slo_ms=50)),
+        ({"slo_class": BEST_EFFORT}, RequestSlo(BEST_EFFORT)),
+    ],
+)
+def test_accepted_forms(params, expected):
+    assert parse_request_slo(params, CONFIG) == expected
+
+
+def test_default_class_applies_to_requests_without_slo():
+    config = SloConfig(CONFIG.classes, default="chat")
+    assert parse_request_slo({}, config) == RequestSlo("chat", tpot_slo_ms=50)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ("fast", "custom_params must be an object"),
+        ({"tpot_slo_ms": "abc"}, "tpot_slo_ms must be a number"),
+        ({"tpot_slo_ms": True}, "tpot_slo_ms must be a number"),
+        ({"tpot_slo_ms": -5}, "tpot_slo_ms must be > 0"),
+        ({"tpot_slo_ms": 0}, "tpot_slo_ms must be > 0"),
+        ({"tpot_slo_ms": 1e9}, "tpot_slo_ms must be at most 60000 ms"),
+        ({"slo_class": "gold"}, "slo_class 'gold' is not a known SLO class"),
+        ({"slo_class": 3}, "slo_class must be a string"),
+        ({"slo_class": "chat", "tpot_slo_ms": 20}, "tpot_slo_ms=20 conflicts with slo_class"),
+        ({"slo_class": "coding", "tpot_slo_ms": 20}, "conflicts with slo_class 'coding'"),
+    ],
+)
+def test_bad_input_names_the_field(params, message):
+    with pytest.raises(ValueError) as err:
+        parse_request_slo(params, CONFIG)
+    assert message in str(err.value)
