@@ -58,8 +58,10 @@ class Selection:
 
     def __post_init__(self) -> None:
         if self.mask.dtype != torch.bool or self.mask.ndim != 2:
-            raise ValueError(f"Selection.mask must be [B, N] bool, got {self.mask.dtype} "
-                             f"{tuple(self.mask.shape)}")
+            raise ValueError(
+                f"Selection.mask must be [B, N] bool, got {self.mask.dtype} "
+                f"{tuple(self.mask.shape)}"
+            )
         for name in ("counts", "slo_counts"):
             value = getattr(self, name)
             if value.shape != self.mask.shape[:1]:
@@ -169,8 +171,9 @@ def expected_accepted(cands: Candidates, mask: torch.Tensor) -> torch.Tensor:
     The 1 is the root: the bonus token every verification yields.
     """
     if mask.shape != cands.valid.shape or mask.dtype != torch.bool:
-        raise ValueError(f"mask must be [B, N] bool like the candidates, got {mask.dtype} "
-                         f"{tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must be [B, N] bool like the candidates, got {mask.dtype} {tuple(mask.shape)}"
+        )
     if bool((mask & ~cands.valid).any()):
         raise ValueError("mask selects padding nodes")
     return 1.0 + torch.where(mask, cands.path_prob, 0.0).sum(dim=1)
@@ -210,7 +213,8 @@ def _rank_valid(cands: Candidates) -> torch.Tensor:
 def _acc_before(sorted_prob: torch.Tensor) -> torch.Tensor:
     """[B, N]: n_acc before the node at rank k is added, i.e. 1 + sum of the first k f's.
 
-    Summed left to right starting from 1.0, so it matches a sequential n_acc += f(v) exactly.
+    Summed left to right starting from 1.0, as Algorithm 2's n_acc += f(v) does (bit for bit
+    on CPU; a parallel scan on GPU may round differently in the last place).
     """
     ones = torch.ones_like(sorted_prob[:, :1])  # [B, 1]
     return torch.cat([ones, sorted_prob[:, :-1]], dim=1).cumsum(dim=1)

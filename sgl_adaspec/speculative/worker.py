@@ -33,6 +33,7 @@ from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
+from sgl_adaspec.speculative.stats import SpecStats
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +66,18 @@ def iteration_scope():
 
 @dataclass
 class RequestState:
-    """Per-request SLO bookkeeping, attached to SGLang's Req (it lives as long as the request)."""
+    """Per-request SLO bookkeeping, attached to SGLang's Req (it lives as long as the request).
+    `stats` is the process's statistics, where the request reports itself when it finishes."""
 
     slo: RequestSlo
     decode_start_s: float
     tokens_at_start: int
+    stats: SpecStats
+    reported: bool = False
+
+    def tpot_ms(self, tokens_out: int, now_s: float) -> float | None:
+        decoded = tokens_out - self.tokens_at_start
+        return 1000 * (now_s - self.decode_start_s) / decoded if decoded > 0 else None
 
 
 def _policy_of(worker) -> AdaservePolicy | None:
@@ -130,7 +138,7 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         return original(worker, batch, *args, **kwargs)
     verify_input = batch.spec_info
     cands = candidates_from_verify_input(verify_input, scope.path_prob)
-    selection, _required = policy.select(cands, slo_batch(batch.reqs))
+    selection, _required, plan = policy.select(cands, slo_batch(batch.reqs, policy.stats))
     keep = torch.ones(
         (cands.num_requests, cands.num_nodes + 1), dtype=torch.bool, device=cands.tokens.device
     )
@@ -139,6 +147,10 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     verify_input.adaspec_keep = keep
     result = original(worker, batch, *args, **kwargs)
     verified = (selection.counts + 1).tolist()  # roots included
+    if result.accept_lens is not None:
+        policy.stats.observe_iteration(
+            verified, result.accept_lens.tolist(), plan.budget, plan.depth, plan.width
+        )
     logits_output = result.logits_output
     if logits_output is not None:
         info = logits_output.customized_info or {}
@@ -203,10 +215,20 @@ def candidates_from_verify_input(verify_input, path_prob: torch.Tensor) -> Candi
     draft_tokens = verify_input.draft_token.view(bs, ntok)
     node_parents = parents[:, 1:] - 1  # root (0) -> -1; unlinked (NO_NODE) -> -2
     valid = node_parents >= -1
+    node_parents = torch.where(valid, node_parents, -1)
+    prob = path_prob.float().cpu().clamp(0.0, 1.0)
+    # f never exceeds the parent's (Candidates checks it); enforce it against rounding.
+    has_parent = node_parents >= 0
+    for _ in range(ntok - 1):
+        parent_prob = torch.gather(prob, 1, node_parents.clamp(min=0))
+        capped = torch.where(has_parent, torch.minimum(prob, parent_prob), prob)
+        if torch.equal(capped, prob):
+            break
+        prob = capped
     return Candidates(
         tokens=draft_tokens[:, 1:].long().cpu(),
-        parents=torch.where(valid, node_parents, -1),
-        path_prob=path_prob.float().cpu().clamp(0.0, 1.0),
+        parents=node_parents,
+        path_prob=prob,
         valid=valid,
     )
 
@@ -224,7 +246,7 @@ def prune_tree(verify_input, keep: torch.Tensor) -> None:
     verify_input.retrieve_next_sibling.copy_(next_sib.to(next_token.device))
 
 
-def slo_batch(reqs) -> SloBatch:
+def slo_batch(reqs, stats: SpecStats) -> SloBatch:
     """The running requests' SLO state; a request's clock starts at its first decode iteration."""
     now = time.perf_counter()
     config = AdaspecConfig.from_env()
@@ -234,7 +256,7 @@ def slo_batch(reqs) -> SloBatch:
         state = getattr(req, "_adaspec_state", None)
         if state is None:
             slo = parse_request_slo(req.sampling_params.custom_params, slo_config)
-            state = RequestState(slo, now, len(req.output_ids))
+            state = RequestState(slo, now, len(req.output_ids), stats)
             req._adaspec_state = state
         tpot.append(state.slo.tpot_slo_ms if state.slo.tpot_slo_ms is not None else math.nan)
         elapsed.append(1000 * (now - state.decode_start_s))
@@ -246,8 +268,42 @@ def slo_batch(reqs) -> SloBatch:
     )
 
 
+def request_finished(_result, req, *args, **kwargs) -> None:
+    """AFTER `Req.update_finish_state`: a finished request reports its TPOT against its SLO."""
+    state = getattr(req, "_adaspec_state", None)
+    if state is None or state.reported or not req.finished():
+        return
+    state.reported = True
+    tpot_ms = state.tpot_ms(len(req.output_ids), time.perf_counter())
+    if tpot_ms is not None:
+        state.stats.observe_finished(state.slo.slo_class, tpot_ms, state.slo.tpot_slo_ms)
+
+
+def add_internal_state(_result, controller, state: dict) -> None:
+    """AFTER `SchedulerInternalStateController._add_speculative`: `/server_info` shows the
+    policy's state under internal_states[i]["adaspec"]."""
+    draft_worker = getattr(controller.scheduler, "draft_worker", None)
+    policy = getattr(draft_worker, "_adaspec_policy", None)
+    config = AdaspecConfig.from_env()
+    state["adaspec"] = {
+        "spec_policy": config.spec_policy,
+        "stats": policy.stats.as_dict() if policy is not None else None,
+    }
+
+
 def register(registry, hook_type) -> None:
     around = hook_type.AROUND
+    registry.register(
+        "sglang.srt.managers.schedule_batch.Req.update_finish_state",
+        request_finished,
+        hook_type.AFTER,
+    )
+    registry.register(
+        "sglang.srt.managers.scheduler_components.internal_state."
+        "SchedulerInternalStateController._add_speculative",
+        add_internal_state,
+        hook_type.AFTER,
+    )
     worker = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
     registry.register(f"{worker}.forward_batch_generation", forward_batch_generation, around)
     registry.register(f"{worker}.verify", verify, around)

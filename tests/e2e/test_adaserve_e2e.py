@@ -39,7 +39,9 @@ def adaserve_outputs(models, tmp_path_factory):
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             jobs = [(p, {"tpot_slo_ms": slo}) for p, slo in (TIGHT, LOOSE)]
-            return list(pool.map(lambda job: generate(server.url, *job), jobs))
+            outputs = list(pool.map(lambda job: generate(server.url, *job), jobs))
+        info = requests.get(f"{server.url}/server_info", timeout=60).json()
+        return outputs, info["internal_states"][0]["adaspec"]
     finally:
         server.stop()
 
@@ -52,11 +54,13 @@ def test_mixed_slo_batch_is_token_identical_to_no_speculation(
         expected = [generate(server.url, prompt)["output_ids"] for prompt, _ in (TIGHT, LOOSE)]
     finally:
         server.stop()
-    assert [out["output_ids"] for out in adaserve_outputs] == expected
+    outputs, _ = adaserve_outputs
+    assert [out["output_ids"] for out in outputs] == expected
 
 
 def test_tight_slo_gets_more_verified_tokens_than_loose(adaserve_outputs):
-    tight, loose = (out["meta_info"]["adaspec_verified_tokens"] for out in adaserve_outputs)
+    outputs, _ = adaserve_outputs
+    tight, loose = (out["meta_info"]["adaspec_verified_tokens"] for out in outputs)
     # Compare the iterations both requests ran together (same batch, same budget).
     together = min(len(tight), len(loose))
     assert together >= 10
@@ -64,3 +68,16 @@ def test_tight_slo_gets_more_verified_tokens_than_loose(adaserve_outputs):
     loose_mean = sum(loose[:together]) / together
     assert tight_mean > loose_mean, (tight, loose)
     assert max(tight[:together]) + max(loose[:together]) <= 8  # never above the budget
+
+
+def test_server_info_reports_policy_state_and_per_class_attainment(adaserve_outputs):
+    _, state = adaserve_outputs
+    assert state["spec_policy"] == "adaserve"
+    stats = state["stats"]
+    assert stats["budget"] == 8 and stats["iterations"] >= 10
+    assert 2 <= stats["verified_tokens_per_iteration"] <= 8
+    assert stats["accepted_tokens_per_verify"] >= 1.0
+    custom = stats["classes"]["custom"]  # both requests stated tpot_slo_ms directly
+    assert custom["finished"] == 2
+    # The 0.5 ms request cannot be met on this CPU; the 5 s one always is.
+    assert custom["met"] == 1 and custom["attainment"] == 0.5

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 import torch
 
 from sgl_adaspec.scheduler.slo import SloBatch, required_tokens
+from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, tree_shape
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.selection import Selection, select_adaserve
+from sgl_adaspec.speculative.stats import SpecStats
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class AdaserveConfig:
     budget: int | None = None
     max_nodes_per_request: int | None = None
     latency_smoothing: float = 0.3
+    tree: AdaptiveTreeConfig = field(default_factory=AdaptiveTreeConfig)
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.budget < 1:
@@ -35,32 +38,71 @@ class AdaserveConfig:
             raise ValueError(f"latency_smoothing must be in (0, 1], got {self.latency_smoothing}")
 
 
+@dataclass(frozen=True)
+class Plan:
+    """One iteration's decisions: tree shape (d, w) from the load, and the token budget B."""
+
+    depth: int
+    width: int
+    budget: int
+
+
 @dataclass
 class AdaservePolicy:
     config: AdaserveConfig = field(default_factory=AdaserveConfig)
     # Expected latency of one speculative iteration (draft + verify), ms; None until measured.
     t_spec_ms: float | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
 
-    def budget_for(self, cands: Candidates) -> int:
-        if self.config.budget is not None:
-            return self.config.budget
-        return cands.num_requests * (cands.num_nodes + 1)
+    def plan(self, cands: Candidates) -> Plan:
+        depth, width = tree_shape(cands.num_requests, self.config.tree)
+        budget = self.config.budget
+        if budget is None:
+            budget = cands.num_requests * (cands.num_nodes + 1)
+        return Plan(depth, width, budget)
 
-    def select(self, cands: Candidates, slo: SloBatch) -> tuple[Selection, torch.Tensor]:
-        """Returns the selection and A(r) [B] it was computed for."""
+    def select(
+        self, cands: Candidates, slo: SloBatch
+    ) -> tuple[Selection, torch.Tensor, Plan]:
+        """Returns the selection, A(r) [B] it was computed for, and the plan it followed."""
+        plan = self.plan(cands)
+        shaped = restrict_to_shape(cands, plan.depth, plan.width)
         required = required_tokens(slo, self.t_spec_ms or 0.0)
         n_max = self.config.max_nodes_per_request
         selection = select_adaserve(
-            cands,
-            required,
-            self.budget_for(cands),
-            cands.num_nodes if n_max is None else n_max,
+            shaped, required, plan.budget, cands.num_nodes if n_max is None else n_max
         )
-        return selection, required
+        return selection, required, plan
 
     def observe_iteration(self, latency_ms: float) -> None:
         if self.t_spec_ms is None:
             self.t_spec_ms = latency_ms
-            return
-        alpha = self.config.latency_smoothing
-        self.t_spec_ms = (1 - alpha) * self.t_spec_ms + alpha * latency_ms
+        else:
+            alpha = self.config.latency_smoothing
+            self.t_spec_ms = (1 - alpha) * self.t_spec_ms + alpha * latency_ms
+        self.stats.t_spec_ms = self.t_spec_ms
+
+
+def restrict_to_shape(cands: Candidates, depth: int, width: int) -> Candidates:
+    """The candidates a beam search of depth `depth` and width `width` would have kept: at each
+    level the `width` nodes of highest f (ties: lower node index) among the children of the
+    nodes kept one level up. Returns the same trees with `valid` narrowed [B, N]."""
+    node_depth = cands.depth  # [B, N], 1 = child of the root
+    valid = cands.valid & (node_depth <= depth)
+    kept = torch.zeros_like(valid)
+    index = torch.arange(cands.num_nodes, device=valid.device)
+    for level in range(1, depth + 1):
+        parent_kept = torch.where(
+            cands.parents >= 0,
+            torch.gather(kept, 1, cands.parents.clamp(min=0)),
+            torch.ones_like(kept),
+        )
+        at_level = valid & (node_depth == level) & parent_kept  # [B, N]
+        if not bool(at_level.any()):
+            break
+        key = torch.where(at_level, cands.path_prob, -1.0)
+        # Stable descending sort: equal f keep node-index order.
+        order = torch.sort(key, dim=1, descending=True, stable=True).indices
+        rank = torch.empty_like(order).scatter_(1, order, index.expand_as(order))
+        kept |= at_level & (rank < width)
+    return Candidates(cands.tokens, cands.parents, cands.path_prob, kept)

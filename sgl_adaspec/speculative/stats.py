@@ -1,0 +1,72 @@
+"""Speculation and SLO statistics of one server process, kept apart from the policy math.
+
+Glossary: a request *meets* its SLO when its mean TPOT over decoding (decode time / tokens
+committed after the first) is at most its TPOT SLO. *Verified tokens* of an iteration count
+every node sent to the target, roots included; *accepted tokens* count what the iteration
+commits, the bonus token included (SGLang's accept length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ClassStats:
+    finished: int = 0
+    met: int = 0
+    tpot_ms_sum: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "finished": self.finished,
+            "met": self.met,
+            "attainment": self.met / self.finished if self.finished else None,
+            "mean_tpot_ms": self.tpot_ms_sum / self.finished if self.finished else None,
+        }
+
+
+@dataclass
+class SpecStats:
+    iterations: int = 0
+    verified_tokens: int = 0
+    accepted_tokens: int = 0
+    request_iterations: int = 0  # sum over iterations of the running requests
+    last_budget: int | None = None
+    last_depth: int | None = None
+    last_width: int | None = None
+    t_spec_ms: float | None = None
+    classes: dict[str, ClassStats] = field(default_factory=dict)
+
+    def observe_iteration(
+        self, verified: list[int], accepted: list[int], budget: int, depth: int, width: int
+    ) -> None:
+        self.iterations += 1
+        self.request_iterations += len(verified)
+        self.verified_tokens += sum(verified)
+        self.accepted_tokens += sum(accepted)
+        self.last_budget, self.last_depth, self.last_width = budget, depth, width
+
+    def observe_finished(self, slo_class: str, tpot_ms: float, tpot_slo_ms: float | None) -> None:
+        stats = self.classes.setdefault(slo_class, ClassStats())
+        stats.finished += 1
+        stats.tpot_ms_sum += tpot_ms
+        if tpot_slo_ms is None or tpot_ms <= tpot_slo_ms:
+            stats.met += 1
+
+    def as_dict(self) -> dict:
+        per_verify = self.request_iterations or None
+        return {
+            "iterations": self.iterations,
+            "verified_tokens_per_iteration": (
+                self.verified_tokens / self.iterations if self.iterations else None
+            ),
+            "accepted_tokens_per_verify": (
+                self.accepted_tokens / per_verify if per_verify else None
+            ),
+            "budget": self.last_budget,
+            "depth": self.last_depth,
+            "width": self.last_width,
+            "t_spec_ms": self.t_spec_ms,
+            "classes": {name: s.as_dict() for name, s in sorted(self.classes.items())},
+        }
