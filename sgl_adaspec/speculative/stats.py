@@ -37,6 +37,8 @@ class SpecStats:
     last_width: int | None = None
     t_spec_ms: float | None = None
     classes: dict[str, ClassStats] = field(default_factory=dict)
+    # Exporters mirroring every observation (e.g. metrics.PrometheusSink).
+    sinks: list = field(default_factory=list, repr=False)
 
     def observe_iteration(
         self, verified: list[int], accepted: list[int], budget: int, depth: int, width: int
@@ -46,13 +48,17 @@ class SpecStats:
         self.verified_tokens += sum(verified)
         self.accepted_tokens += sum(accepted)
         self.last_budget, self.last_depth, self.last_width = budget, depth, width
+        for sink in self.sinks:
+            sink.observe_iteration(verified, accepted, budget, depth, width)
 
     def observe_finished(self, slo_class: str, tpot_ms: float, tpot_slo_ms: float | None) -> None:
         stats = self.classes.setdefault(slo_class, ClassStats())
         stats.finished += 1
         stats.tpot_ms_sum += tpot_ms
-        if tpot_slo_ms is None or tpot_ms <= tpot_slo_ms:
-            stats.met += 1
+        met = tpot_slo_ms is None or tpot_ms <= tpot_slo_ms
+        stats.met += met
+        for sink in self.sinks:
+            sink.observe_finished(slo_class, tpot_ms, met)
 
     def as_dict(self) -> dict:
         per_verify = self.request_iterations or None

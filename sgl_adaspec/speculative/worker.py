@@ -32,6 +32,7 @@ from sgl_adaspec.platform.cpu.ops import NO_NODE, sibling_links, tree_parent_nod
 from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
 from sgl_adaspec.speculative.stats import SpecStats
 
@@ -92,6 +93,8 @@ def _policy_of(worker) -> AdaservePolicy | None:
                 max_nodes_per_request=config.adaserve_max_nodes_per_request,
             )
         )
+        if metrics_enabled():
+            policy.stats.sinks.append(PrometheusSink())
         worker._adaspec_policy = policy
         logger.info("sgl_adaspec: adaserve policy active: %s", policy.config)
     return policy

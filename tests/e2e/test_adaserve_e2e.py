@@ -33,7 +33,7 @@ def adaserve_outputs(models, tmp_path_factory):
     """Both requests sent concurrently to a server with budget 8 (2 roots + 6 draft nodes)."""
     flags = (
         *eagle_flags(models.eagle_draft, steps=3, topk=4, num_draft_tokens=8),
-        "--spec-policy", "adaserve", "--adaserve-budget", "8",
+        "--spec-policy", "adaserve", "--adaserve-budget", "8", "--enable-metrics",
     )  # fmt: skip
     server = start(tmp_path_factory, "adaserve", models.target, *flags)
     try:
@@ -41,7 +41,8 @@ def adaserve_outputs(models, tmp_path_factory):
             jobs = [(p, {"tpot_slo_ms": slo}) for p, slo in (TIGHT, LOOSE)]
             outputs = list(pool.map(lambda job: generate(server.url, *job), jobs))
         info = requests.get(f"{server.url}/server_info", timeout=60).json()
-        return outputs, info["internal_states"][0]["adaspec"]
+        metrics = requests.get(f"{server.url}/metrics", timeout=60).text
+        return outputs, info["internal_states"][0]["adaspec"], metrics
     finally:
         server.stop()
 
@@ -54,12 +55,12 @@ def test_mixed_slo_batch_is_token_identical_to_no_speculation(
         expected = [generate(server.url, prompt)["output_ids"] for prompt, _ in (TIGHT, LOOSE)]
     finally:
         server.stop()
-    outputs, _ = adaserve_outputs
+    outputs, _, _ = adaserve_outputs
     assert [out["output_ids"] for out in outputs] == expected
 
 
 def test_tight_slo_gets_more_verified_tokens_than_loose(adaserve_outputs):
-    outputs, _ = adaserve_outputs
+    outputs, _, _ = adaserve_outputs
     tight, loose = (out["meta_info"]["adaspec_verified_tokens"] for out in outputs)
     # Compare the iterations both requests ran together (same batch, same budget).
     together = min(len(tight), len(loose))
@@ -71,7 +72,7 @@ def test_tight_slo_gets_more_verified_tokens_than_loose(adaserve_outputs):
 
 
 def test_server_info_reports_policy_state_and_per_class_attainment(adaserve_outputs):
-    _, state = adaserve_outputs
+    _, state, _ = adaserve_outputs
     assert state["spec_policy"] == "adaserve"
     stats = state["stats"]
     assert stats["budget"] == 8 and stats["iterations"] >= 10
@@ -81,3 +82,16 @@ def test_server_info_reports_policy_state_and_per_class_attainment(adaserve_outp
     assert custom["finished"] == 2
     # The 0.5 ms request cannot be met on this CPU; the 5 s one always is.
     assert custom["met"] == 1 and custom["attainment"] == 0.5
+
+
+def test_prometheus_metrics_carry_slo_class_labels(adaserve_outputs):
+    _, _, metrics = adaserve_outputs
+    lines = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in metrics.splitlines()
+        if line.startswith("sglang_adaspec:")
+    }
+    assert lines['sglang_adaspec:requests_finished_total{slo_class="custom"}'] == 2
+    assert lines['sglang_adaspec:requests_slo_met_total{slo_class="custom"}'] == 1
+    assert lines['sglang_adaspec:iteration_shape{parameter="budget"}'] == 8
+    assert lines["sglang_adaspec:verified_tokens_per_iteration_count"] >= 10

@@ -1,0 +1,64 @@
+"""Prometheus export of the speculation statistics (SGLang's `--enable-metrics`).
+
+SGLang runs prometheus_client in multiprocess mode: its launcher sets PROMETHEUS_MULTIPROC_DIR
+before spawning the scheduler and serves the merged registry at `/metrics`. Metrics created in
+the scheduler process therefore appear there, next to SGLang's own `sglang:*` series.
+"""
+
+from __future__ import annotations
+
+import os
+
+PREFIX = "sglang_adaspec:"
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+TPOT_BUCKETS_MS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000)
+
+
+def metrics_enabled() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class PrometheusSink:
+    """Mirrors `SpecStats.observe_*` calls into Prometheus series (labels: slo_class)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.finished = Counter(
+            f"{PREFIX}requests_finished", "Finished requests per SLO class", ["slo_class"]
+        )
+        self.met = Counter(
+            f"{PREFIX}requests_slo_met", "Finished requests that met their TPOT SLO", ["slo_class"]
+        )
+        self.tpot = Histogram(
+            f"{PREFIX}request_tpot_ms", "Mean TPOT of finished requests (ms)", ["slo_class"],
+            buckets=TPOT_BUCKETS_MS,
+        )  # fmt: skip
+        self.verified = Histogram(
+            f"{PREFIX}verified_tokens_per_iteration",
+            "Tokens sent to the target per speculative iteration (roots included)",
+            buckets=TOKEN_BUCKETS,
+        )
+        self.accepted = Counter(
+            f"{PREFIX}accepted_tokens", "Tokens committed by verification (bonus included)"
+        )
+        self.verifies = Counter(
+            f"{PREFIX}request_verifies", "Request verifications (one per request per iteration)"
+        )
+        self.shape = Gauge(
+            f"{PREFIX}iteration_shape", "Last iteration's budget B, depth d and width w",
+            ["parameter"], multiprocess_mode="mostrecent",
+        )  # fmt: skip
+
+    def observe_iteration(self, verified, accepted, budget, depth, width) -> None:
+        self.verified.observe(sum(verified))
+        self.accepted.inc(sum(accepted))
+        self.verifies.inc(len(verified))
+        for name, value in (("budget", budget), ("depth", depth), ("width", width)):
+            self.shape.labels(name).set(value)
+
+    def observe_finished(self, slo_class: str, tpot_ms: float, met: bool) -> None:
+        self.finished.labels(slo_class).inc()
+        if met:
+            self.met.labels(slo_class).inc()
+        self.tpot.labels(slo_class).observe(tpot_ms)
