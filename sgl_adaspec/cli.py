@@ -56,6 +56,14 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
         help="adaserve: n_max, the most draft nodes the SLO-customized phase gives one request "
         "(default: all of its candidates).",
     )
+    group.add_argument(
+        "--baseline-tpot-ms",
+        type=float,
+        default=AdaspecConfig.baseline_tpot_ms,
+        metavar="MS",
+        help="TPOT without speculation, for SLO classes stated as a multiple of it (default: "
+        "estimated online from the target's verify-pass latency).",
+    )
 
 
 def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
@@ -68,6 +76,7 @@ def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
                 "slo_config",
                 "adaserve_budget",
                 "adaserve_max_nodes_per_request",
+                "baseline_tpot_ms",
             )
         }
     )

@@ -35,6 +35,8 @@ class AdaspecConfig:
     adaserve_budget: int | None = None
     # n_max: most candidates the SLO phase gives one request (None: all of its candidates).
     adaserve_max_nodes_per_request: int | None = None
+    # TPOT without speculation (ms) for relative SLO classes (None: estimated online).
+    baseline_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
         from sgl_adaspec.speculative.policies import policy_names
@@ -54,6 +56,14 @@ class AdaspecConfig:
         n_max = self.adaserve_max_nodes_per_request
         if n_max is not None and n_max < 0:
             raise ConfigError(f"--adaserve-max-nodes-per-request must be >= 0, got {n_max}")
+
+        if self.baseline_tpot_ms is not None:
+            from sgl_adaspec.scheduler.slo_config import check_tpot_ms
+
+            try:
+                check_tpot_ms(self.baseline_tpot_ms, "--baseline-tpot-ms")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
 
     @property
     def slo_config_path(self) -> Path:

@@ -30,6 +30,15 @@ class RequestSlo:
     def best_effort(self) -> bool:
         return self.tpot_slo_ms is None and self.baseline_multiple is None
 
+    def resolve_ms(self, baseline_tpot_ms: float | None) -> float | None:
+        """The TPOT target in ms; None for best effort, or for a relative class while the
+        baseline TPOT is unknown."""
+        if self.tpot_slo_ms is not None:
+            return self.tpot_slo_ms
+        if self.baseline_multiple is not None and baseline_tpot_ms is not None:
+            return self.baseline_multiple * baseline_tpot_ms
+        return None
+
 
 def parse_request_slo(custom_params, config: SloConfig) -> RequestSlo:
     if custom_params is None:

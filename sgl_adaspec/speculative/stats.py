@@ -36,6 +36,7 @@ class SpecStats:
     last_depth: int | None = None
     last_width: int | None = None
     t_spec_ms: float | None = None
+    baseline_tpot_ms: float | None = None
     classes: dict[str, ClassStats] = field(default_factory=dict)
     # Exporters mirroring every observation (e.g. metrics.PrometheusSink).
     sinks: list = field(default_factory=list, repr=False)
@@ -74,5 +75,6 @@ class SpecStats:
             "depth": self.last_depth,
             "width": self.last_width,
             "t_spec_ms": self.t_spec_ms,
+            "baseline_tpot_ms": self.baseline_tpot_ms,
             "classes": {name: s.as_dict() for name, s in sorted(self.classes.items())},
         }

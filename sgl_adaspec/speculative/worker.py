@@ -91,6 +91,7 @@ def _policy_of(worker) -> AdaservePolicy | None:
             AdaserveConfig(
                 budget=config.adaserve_budget,
                 max_nodes_per_request=config.adaserve_max_nodes_per_request,
+                baseline_tpot_ms=config.baseline_tpot_ms,
             )
         )
         if metrics_enabled():
@@ -141,14 +142,17 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         return original(worker, batch, *args, **kwargs)
     verify_input = batch.spec_info
     cands = candidates_from_verify_input(verify_input, scope.path_prob)
-    selection, _required, plan = policy.select(cands, slo_batch(batch.reqs, policy.stats))
+    slo = slo_batch(batch.reqs, policy.stats, policy.baseline_tpot_ms())
+    selection, _required, plan = policy.select(cands, slo)
     keep = torch.ones(
         (cands.num_requests, cands.num_nodes + 1), dtype=torch.bool, device=cands.tokens.device
     )
     keep[:, 1:] = selection.mask
     prune_tree(verify_input, keep)
     verify_input.adaspec_keep = keep
+    start = time.perf_counter()
     result = original(worker, batch, *args, **kwargs)
+    policy.observe_verify(1000 * (time.perf_counter() - start))
     verified = (selection.counts + 1).tolist()  # roots included
     if result.accept_lens is not None:
         policy.stats.observe_iteration(
@@ -249,8 +253,10 @@ def prune_tree(verify_input, keep: torch.Tensor) -> None:
     verify_input.retrieve_next_sibling.copy_(next_sib.to(next_token.device))
 
 
-def slo_batch(reqs, stats: SpecStats) -> SloBatch:
-    """The running requests' SLO state; a request's clock starts at its first decode iteration."""
+def slo_batch(reqs, stats: SpecStats, baseline_tpot_ms: float | None) -> SloBatch:
+    """The running requests' SLO state; a request's clock starts at its first decode iteration.
+    Classes relative to the baseline TPOT resolve with `baseline_tpot_ms` (best effort while
+    it is unknown)."""
     now = time.perf_counter()
     config = AdaspecConfig.from_env()
     slo_config = config.load_slo_config()
@@ -261,7 +267,8 @@ def slo_batch(reqs, stats: SpecStats) -> SloBatch:
             slo = parse_request_slo(req.sampling_params.custom_params, slo_config)
             state = RequestState(slo, now, len(req.output_ids), stats)
             req._adaspec_state = state
-        tpot.append(state.slo.tpot_slo_ms if state.slo.tpot_slo_ms is not None else math.nan)
+        target_ms = state.slo.resolve_ms(baseline_tpot_ms)
+        tpot.append(target_ms if target_ms is not None else math.nan)
         elapsed.append(1000 * (now - state.decode_start_s))
         tokens.append(len(req.output_ids) - state.tokens_at_start)
     return SloBatch(
@@ -279,7 +286,8 @@ def request_finished(_result, req, *args, **kwargs) -> None:
     state.reported = True
     tpot_ms = state.tpot_ms(len(req.output_ids), time.perf_counter())
     if tpot_ms is not None:
-        state.stats.observe_finished(state.slo.slo_class, tpot_ms, state.slo.tpot_slo_ms)
+        target_ms = state.slo.resolve_ms(state.stats.baseline_tpot_ms)
+        state.stats.observe_finished(state.slo.slo_class, tpot_ms, target_ms)
 
 
 def add_internal_state(_result, controller, state: dict) -> None:

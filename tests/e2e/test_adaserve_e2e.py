@@ -17,8 +17,10 @@ TIGHT, LOOSE = ("def fibonacci(n):", 0.5), ("import os\nimport sys\n\n", 5000.0)
 MAX_NEW_TOKENS = 40
 
 
-def generate(url: str, prompt: str, custom_params: dict | None = None) -> dict:
-    sampling = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS}
+def generate(
+    url: str, prompt: str, custom_params: dict | None = None, temperature: float = 0.0
+) -> dict:
+    sampling = {"temperature": temperature, "max_new_tokens": MAX_NEW_TOKENS}
     if custom_params is not None:
         sampling["custom_params"] = custom_params
     response = requests.post(
@@ -40,6 +42,9 @@ def adaserve_outputs(models, tmp_path_factory):
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             jobs = [(p, {"tpot_slo_ms": slo}) for p, slo in (TIGHT, LOOSE)]
             outputs = list(pool.map(lambda job: generate(server.url, *job), jobs))
+        # Sampling (tree verification under sampling on the pruned tree) after the pair is done.
+        sampled = generate(server.url, TIGHT[0], temperature=0.8)
+        assert sampled["meta_info"]["completion_tokens"] == MAX_NEW_TOKENS
         info = requests.get(f"{server.url}/server_info", timeout=60).json()
         metrics = requests.get(f"{server.url}/metrics", timeout=60).text
         return outputs, info["internal_states"][0]["adaspec"], metrics

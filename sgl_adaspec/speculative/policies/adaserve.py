@@ -28,6 +28,9 @@ class AdaserveConfig:
     max_nodes_per_request: int | None = None
     latency_smoothing: float = 0.3
     tree: AdaptiveTreeConfig = field(default_factory=AdaptiveTreeConfig)
+    # TPOT without speculation, for SLO classes relative to it; None: estimated online as the
+    # smoothed latency of the target's verify pass (one target forward, like a plain decode step).
+    baseline_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.budget < 1:
@@ -74,13 +77,25 @@ class AdaservePolicy:
         )
         return selection, required, plan
 
+    # Smoothed latency of the target's verify pass, ms (the online baseline TPOT estimate).
+    verify_ms: float | None = None
+
+    def _smooth(self, old: float | None, new: float) -> float:
+        alpha = self.config.latency_smoothing
+        return new if old is None else (1 - alpha) * old + alpha * new
+
     def observe_iteration(self, latency_ms: float) -> None:
-        if self.t_spec_ms is None:
-            self.t_spec_ms = latency_ms
-        else:
-            alpha = self.config.latency_smoothing
-            self.t_spec_ms = (1 - alpha) * self.t_spec_ms + alpha * latency_ms
+        self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
         self.stats.t_spec_ms = self.t_spec_ms
+
+    def observe_verify(self, latency_ms: float) -> None:
+        self.verify_ms = self._smooth(self.verify_ms, latency_ms)
+        self.stats.baseline_tpot_ms = self.baseline_tpot_ms()
+
+    def baseline_tpot_ms(self) -> float | None:
+        if self.config.baseline_tpot_ms is not None:
+            return self.config.baseline_tpot_ms
+        return self.verify_ms
 
 
 def restrict_to_shape(cands: Candidates, depth: int, width: int) -> Candidates:

@@ -1,0 +1,103 @@
+"""The adaserve policy object: plan (shape, budget), shape restriction, latency estimates."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sgl_adaspec.scheduler.request_slo import RequestSlo
+from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
+from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.policies.adaserve import (
+    AdaserveConfig,
+    AdaservePolicy,
+    restrict_to_shape,
+)
+from sgl_adaspec.speculative.stats import SpecStats
+
+
+def chain_and_fan() -> Candidates:
+    """One request: root -> 0 (f .9) -> 2 (.6) -> 4 (.3); root -> 1 (.5) -> 3 (.4);
+    root -> 5 (.2)."""
+    parents = torch.tensor([[-1, -1, 0, 1, 2, -1]])
+    prob = torch.tensor([[0.9, 0.5, 0.6, 0.4, 0.3, 0.2]])
+    return Candidates(
+        tokens=torch.arange(6).view(1, 6),
+        parents=parents,
+        path_prob=prob,
+        valid=torch.ones((1, 6), dtype=torch.bool),
+    )
+
+
+def test_restrict_to_depth_and_width_keeps_a_beam():
+    kept = restrict_to_shape(chain_and_fan(), depth=2, width=1).valid[0].tolist()
+    # Level 1: best of {0, 1, 5} is 0; level 2: children of kept nodes -> 2 only.
+    assert kept == [True, False, True, False, False, False]
+    kept = restrict_to_shape(chain_and_fan(), depth=3, width=2).valid[0].tolist()
+    # Level 1: 0 and 1; level 2: 2 and 3 (children of kept); level 3: 4.
+    assert kept == [True, True, True, True, True, False]
+
+
+def test_plan_follows_load_and_defaults_to_no_budget():
+    cands = chain_and_fan()
+    policy = AdaservePolicy(AdaserveConfig(tree=AdaptiveTreeConfig(max_depth=3, max_width=2)))
+    plan = policy.plan(cands)
+    assert (plan.depth, plan.width) == (3, 2)
+    assert plan.budget == cands.num_requests * (cands.num_nodes + 1)
+    assert AdaservePolicy(AdaserveConfig(budget=3)).plan(cands).budget == 3
+
+
+def test_tight_request_gets_its_quota_first_under_budget():
+    tokens = torch.arange(4).repeat(2, 1)
+    cands = Candidates(
+        tokens=tokens,
+        parents=torch.tensor([[-1, 0, 1, 2]] * 2),
+        path_prob=torch.tensor([[0.9, 0.8, 0.7, 0.6]] * 2),
+        valid=torch.ones((2, 4), dtype=torch.bool),
+    )
+    slo = SloBatch(
+        tpot_slo_ms=torch.tensor([math.nan, 10.0], dtype=torch.float64),
+        decode_elapsed_ms=torch.tensor([100.0, 100.0], dtype=torch.float64),
+        tokens_out=torch.tensor([5.0, 5.0], dtype=torch.float64),
+    )
+    policy = AdaservePolicy(AdaserveConfig(budget=5))
+    policy.observe_iteration(10.0)
+    selection, required, _ = policy.select(cands, slo)
+    assert required.tolist() == [0.0, pytest.approx(6.0)]  # (100 + 10) / 10 - 5
+    assert selection.counts.tolist() == [0, 3]  # 5 - 2 roots, all to the late request
+
+
+def test_latency_estimates_are_smoothed_and_baseline_can_be_pinned():
+    policy = AdaservePolicy(AdaserveConfig(latency_smoothing=0.5))
+    assert policy.baseline_tpot_ms() is None
+    policy.observe_verify(10.0)
+    policy.observe_verify(20.0)
+    assert policy.baseline_tpot_ms() == pytest.approx(15.0)
+    pinned = AdaservePolicy(AdaserveConfig(baseline_tpot_ms=7.0))
+    pinned.observe_verify(20.0)
+    assert pinned.baseline_tpot_ms() == 7.0
+
+
+def test_relative_slo_resolves_only_with_a_baseline():
+    coding = RequestSlo("coding", baseline_multiple=1.2)
+    assert coding.resolve_ms(None) is None
+    assert coding.resolve_ms(20.0) == pytest.approx(24.0)
+    assert RequestSlo("best_effort").resolve_ms(20.0) is None
+
+
+def test_stats_attainment_per_class():
+    stats = SpecStats()
+    stats.observe_finished("chat", 40.0, 50.0)
+    stats.observe_finished("chat", 60.0, 50.0)
+    stats.observe_finished("best_effort", 99.0, None)
+    stats.observe_iteration([3, 1], [2, 1], budget=4, depth=3, width=2)
+    report = stats.as_dict()
+    assert report["classes"]["chat"] == {
+        "finished": 2, "met": 1, "attainment": 0.5, "mean_tpot_ms": 50.0,
+    }  # fmt: skip
+    assert report["classes"]["best_effort"]["attainment"] == 1.0
+    assert report["verified_tokens_per_iteration"] == 4
+    assert report["accepted_tokens_per_verify"] == 1.5
