@@ -37,6 +37,7 @@ class SpecStats:
     last_width: int | None = None
     t_spec_ms: float | None = None
     baseline_tpot_ms: float | None = None
+    cost_profile: dict | None = None
     classes: dict[str, ClassStats] = field(default_factory=dict)
     # Exporters mirroring every observation (e.g. metrics.PrometheusSink).
     sinks: list = field(default_factory=list, repr=False)
@@ -76,5 +77,6 @@ class SpecStats:
             "width": self.last_width,
             "t_spec_ms": self.t_spec_ms,
             "baseline_tpot_ms": self.baseline_tpot_ms,
+            "cost_profile": self.cost_profile,
             "classes": {name: s.as_dict() for name, s in sorted(self.classes.items())},
         }

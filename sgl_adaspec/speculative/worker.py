@@ -29,6 +29,7 @@ import torch
 
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.platform.cpu.ops import NO_NODE, sibling_links, tree_parent_nodes
+from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, knee_budget
 from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
@@ -82,23 +83,67 @@ class RequestState:
 
 
 def _policy_of(worker) -> AdaservePolicy | None:
-    policy = getattr(worker, "_adaspec_policy", None)
-    if policy is None:
-        config = AdaspecConfig.from_env()
-        if config.spec_policy != "adaserve":
-            return None
+    """The worker's policy, built on first use (at worker start-up, see `worker_started`)."""
+    if hasattr(worker, "_adaspec_policy"):
+        return worker._adaspec_policy
+    config = AdaspecConfig.from_env()
+    policy = None
+    if config.spec_policy == "adaserve":
+        budget, profile = config.adaserve_budget, None
+        if budget is None:
+            profile = profile_verify_cost(worker)
+            budget = knee_budget(profile) if profile is not None else None
         policy = AdaservePolicy(
             AdaserveConfig(
-                budget=config.adaserve_budget,
+                budget=budget,
                 max_nodes_per_request=config.adaserve_max_nodes_per_request,
                 baseline_tpot_ms=config.baseline_tpot_ms,
             )
         )
+        policy.stats.cost_profile = profile.as_dict() if profile is not None else None
         if metrics_enabled():
             policy.stats.sinks.append(PrometheusSink())
-        worker._adaspec_policy = policy
-        logger.info("sgl_adaspec: adaserve policy active: %s", policy.config)
+        logger.info(
+            "sgl_adaspec: adaserve policy: %s; verify cost profile %s",
+            policy.config,
+            policy.stats.cost_profile or "not run (budget given)",
+        )
+    worker._adaspec_policy = policy
     return policy
+
+
+def profile_verify_cost(worker, repeats: int = 3) -> VerifyCostProfile | None:
+    """Time the target's verify pass (SGLang's own dummy TARGET_VERIFY forward) for batch sizes
+    1, 2, 4, ... up to the running-request limit, i.e. bs * num_draft_tokens verified tokens.
+    Returns None (and logs why) if this SGLang build cannot run the dummy forward."""
+    try:
+        model_runner = worker.target_worker.model_runner
+        runner = model_runner.eager_runner
+        ntok = model_runner.decode_num_tokens_per_req()
+        max_bs = runner._eager_max_bs
+        buffers = runner._alloc_dummy_decode_buffers(max_bs, num_tokens_per_req=ntok)
+        sizes = sorted({min(2**i, max_bs) for i in range(max_bs.bit_length() + 1)})
+        latency = []
+        for bs in sizes:
+            runner._dummy_run(batch_size=bs, buffers=buffers)  # warm-up
+            runs = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                runner._dummy_run(batch_size=bs, buffers=buffers)
+                runs.append(1000 * (time.perf_counter() - start))
+            latency.append(sorted(runs)[len(runs) // 2])
+        return VerifyCostProfile(tuple(bs * ntok for bs in sizes), tuple(latency))
+    except Exception:  # a profiling failure must not stop the server: no budget instead
+        logger.exception("sgl_adaspec: verify cost profiling failed; adaserve runs without a budget")
+        return None
+
+
+def scheduler_started(_result, scheduler, *args, **kwargs) -> None:
+    """AFTER `Scheduler.__init__`: build the policy (and run the cost profile) before serving,
+    once the target's model runner is complete."""
+    draft_worker = getattr(scheduler, "draft_worker", None)
+    if draft_worker is not None and hasattr(draft_worker, "target_worker"):
+        _policy_of(draft_worker)
 
 
 # --- hooks -------------------------------------------------------------------------------------
@@ -316,6 +361,9 @@ def register(registry, hook_type) -> None:
         hook_type.AFTER,
     )
     worker = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
+    registry.register(
+        "sglang.srt.managers.scheduler.Scheduler.__init__", scheduler_started, hook_type.AFTER
+    )
     registry.register(f"{worker}.forward_batch_generation", forward_batch_generation, around)
     registry.register(f"{worker}.verify", verify, around)
     registry.register(

@@ -100,3 +100,17 @@ def test_prometheus_metrics_carry_slo_class_labels(adaserve_outputs):
     assert lines['sglang_adaspec:requests_slo_met_total{slo_class="custom"}'] == 1
     assert lines['sglang_adaspec:iteration_shape{parameter="budget"}'] == 8
     assert lines["sglang_adaspec:verified_tokens_per_iteration_count"] >= 10
+
+
+def test_budget_comes_from_the_startup_verify_cost_profile(eagle_server):
+    """Without --adaserve-budget the server profiles the target's verify pass at start-up and
+    sets B at the knee of the measured curve."""
+    from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, knee_budget
+
+    eagle_server.generate("def f(x):", 8)
+    state = requests.get(f"{eagle_server.url}/server_info", timeout=60).json()
+    stats = state["internal_states"][0]["adaspec"]["stats"]
+    profile = stats["cost_profile"]
+    assert len(profile["tokens"]) >= 2 and all(t > 0 for t in profile["latency_ms"])
+    expected = knee_budget(VerifyCostProfile(tuple(profile["tokens"]), tuple(profile["latency_ms"])))
+    assert stats["budget"] == expected

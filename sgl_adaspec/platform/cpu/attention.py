@@ -58,6 +58,10 @@ class TorchTreeAttnBackend(TorchNativeAttnBackend):
 
     tree_mask_mode = TreeMaskMode.FULL_MASK
 
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        # Prefix length of padded / dummy rows (SGLang's dummy forwards use it; no graphs here).
+        return 1
+
     def _write_kv(self, layer: RadixAttention, forward_batch: ForwardBatch, k, v) -> None:
         if k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(
