@@ -14,7 +14,13 @@ NEXT_SIBLING = torch.tensor([[-1, 2, -1, -1]])
 VOCAB = 6
 
 
-def run(target_probs: torch.Tensor, trials: int, seed: int = 0):
+def run(
+    target_probs: torch.Tensor,
+    trials: int,
+    seed: int = 0,
+    next_token: torch.Tensor = NEXT_TOKEN,
+    next_sibling: torch.Tensor = NEXT_SIBLING,
+):
     """Returns (first committed token, second committed token or -1) per trial."""
     gen = torch.Generator().manual_seed(seed)
     firsts, seconds = [], []
@@ -28,8 +34,8 @@ def run(target_probs: torch.Tensor, trials: int, seed: int = 0):
             accept_token_num=accept_num,
             candidates=CANDIDATES,
             retrive_index=torch.arange(4).view(1, 4),
-            retrive_next_token=NEXT_TOKEN,
-            retrive_next_sibling=NEXT_SIBLING,
+            retrive_next_token=next_token,
+            retrive_next_sibling=next_sibling,
             uniform_samples=torch.rand((1, 4), generator=gen),
             uniform_samples_for_final_sampling=torch.rand((1,), generator=gen),
             target_probs=target_probs,
@@ -83,3 +89,18 @@ def test_rejected_drafts_are_never_the_bonus_token():
     q[0, 0] /= q[0, 0].sum()
     firsts, _ = run(q, 500)
     assert not firsts.eq(3).any() and not firsts.eq(5).any()
+
+
+def test_pruned_tree_still_follows_target_distribution():
+    """adaserve verifies a subtree (unselected nodes unlinked): sampling stays exact."""
+    q = target()
+    trials = 6000
+    # Node 2 (token 5) and node 3 pruned: root -> {1}, 1 -> {}.
+    firsts, _ = run(
+        q, trials, seed=3,
+        next_token=torch.tensor([[1, -1, -1, -1]]),
+        next_sibling=torch.tensor([[-1, -1, -1, -1]]),
+    )  # fmt: skip
+    empirical = torch.bincount(firsts, minlength=VOCAB).float() / trials
+    tolerance = 4 * torch.sqrt(q[0, 0] * (1 - q[0, 0]) / trials) + 1e-3
+    assert torch.all((empirical - q[0, 0]).abs() <= tolerance), (empirical, q[0, 0])

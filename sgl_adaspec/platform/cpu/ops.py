@@ -200,11 +200,20 @@ def verify_tree_greedy(
             num_accepted[b] = j
             node = child
         predict_updates[last] = target[last]
+    _write_walk(accept_index, accept_rows, accept_token_num, num_accepted)
+    _write_predicts(predicts, predict_updates)
+
+
+def _write_walk(accept_index, accept_rows, accept_token_num, num_accepted) -> None:
     accept_index.copy_(torch.tensor(accept_rows, dtype=accept_index.dtype))
     accept_token_num.copy_(torch.tensor(num_accepted, dtype=accept_token_num.dtype))
-    if predict_updates:
-        where = torch.tensor(list(predict_updates), dtype=torch.long, device=predicts.device)
-        values = torch.tensor(list(predict_updates.values()), dtype=predicts.dtype)
+
+
+def _write_predicts(predicts: torch.Tensor, updates: dict[int, int]) -> None:
+    """predicts[i] = token for every (i, token) of a tree walk."""
+    if updates:
+        where = torch.tensor(list(updates), dtype=torch.long, device=predicts.device)
+        values = torch.tensor(list(updates.values()), dtype=predicts.dtype)
         predicts[where] = values.to(predicts.device)
 
 
@@ -421,8 +430,7 @@ def tree_speculative_sampling_target_only(
         final_rows.append(node)
         last_nodes.append(last)
         rejected.append(tried if num_accepted[b] < max_depth - 1 else [])
-    accept_index.copy_(torch.tensor(accept_rows, dtype=accept_index.dtype))
-    accept_token_num.copy_(torch.tensor(num_accepted, dtype=accept_token_num.dtype))
+    _write_walk(accept_index, accept_rows, accept_token_num, num_accepted)
 
     rows = target_probs[torch.arange(bs, device=target_probs.device), torch.tensor(final_rows)]
     residual = rows.clone()  # [bs, V]
@@ -434,9 +442,7 @@ def tree_speculative_sampling_target_only(
     bonus = sample_from_unnormalized(residual, uniform_samples_for_final_sampling)
     for b in range(bs):
         predict_updates[last_nodes[b]] = int(bonus[b])
-    where = torch.tensor(list(predict_updates), dtype=torch.long, device=predicts.device)
-    values = torch.tensor(list(predict_updates.values()), dtype=predicts.dtype)
-    predicts[where] = values.to(predicts.device)
+    _write_predicts(predicts, predict_updates)
 
 
 def sample_from_unnormalized(weights: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
