@@ -1,0 +1,1 @@
+"""Real models from PyPI packages, prepared as plain HF folders SGLang loads (no model hub)."""
