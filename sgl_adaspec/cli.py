@@ -64,6 +64,22 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
         help="TPOT without speculation, for SLO classes stated as a multiple of it (default: "
         "estimated online from the target's verify-pass latency).",
     )
+    group.add_argument(
+        "--slo-admission",
+        type=str,
+        default=AdaspecConfig.slo_admission,
+        metavar="{auto,on,off}",
+        help="Admit waiting requests by urgency (least slack against custom_params.ttft_slo_ms, "
+        "with aging) instead of SGLang's order. auto: on for adaserve, off otherwise.",
+    )
+    group.add_argument(
+        "--admission-max-wait-ms",
+        type=float,
+        default=AdaspecConfig.admission_max_wait_ms,
+        metavar="MS",
+        help="Aging bound of SLO-aware admission: a request waiting this long goes first "
+        "(default: %(default)s).",
+    )
 
 
 def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
@@ -77,6 +93,8 @@ def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
                 "adaserve_budget",
                 "adaserve_max_nodes_per_request",
                 "baseline_tpot_ms",
+                "slo_admission",
+                "admission_max_wait_ms",
             )
         }
     )

@@ -37,6 +37,10 @@ class AdaspecConfig:
     adaserve_max_nodes_per_request: int | None = None
     # TPOT without speculation (ms) for relative SLO classes (None: estimated online).
     baseline_tpot_ms: float | None = None
+    # SLO-aware admission of waiting requests: "auto" (the policy's default), "on", "off".
+    slo_admission: str = "auto"
+    # Aging bound of SLO-aware admission: no request waits longer for others' urgency.
+    admission_max_wait_ms: float = 2000.0
 
     def __post_init__(self) -> None:
         from sgl_adaspec.speculative.policies import policy_names
@@ -64,6 +68,21 @@ class AdaspecConfig:
                 check_tpot_ms(self.baseline_tpot_ms, "--baseline-tpot-ms")
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
+
+        if self.slo_admission not in ("auto", "on", "off"):
+            raise ConfigError(f"--slo-admission must be auto, on or off, got {self.slo_admission!r}")
+        if not self.admission_max_wait_ms > 0:
+            raise ConfigError(
+                f"--admission-max-wait-ms must be > 0, got {self.admission_max_wait_ms}"
+            )
+
+    @property
+    def slo_admission_active(self) -> bool:
+        from sgl_adaspec.speculative.policies import get_policy_spec
+
+        if self.slo_admission == "auto":
+            return get_policy_spec(self.spec_policy).slo_admission_by_default
+        return self.slo_admission == "on"
 
     @property
     def slo_config_path(self) -> Path:

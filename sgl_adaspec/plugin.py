@@ -16,6 +16,7 @@ def register() -> None:
 
     from sgl_adaspec import cli
     from sgl_adaspec.platform.cpu import hooks as cpu_hooks
+    from sgl_adaspec.scheduler import sglang_adapter as scheduler_adapter
     from sgl_adaspec.speculative import worker as spec_worker
 
     server_args = "sglang.srt.server_args.ServerArgs"
@@ -31,6 +32,7 @@ def register() -> None:
     )
     cpu_hooks.register(HookRegistry, HookType)
     spec_worker.register(HookRegistry, HookType)
+    scheduler_adapter.register(HookRegistry, HookType)
 
 
 def _announce_config(_result, scheduler, *args, **kwargs) -> None:

@@ -3,19 +3,23 @@
 Fields (SGLang's per-request `custom_params`; `sampling_params.custom_params` on /generate,
 top-level `custom_params` on the OpenAI-compatible endpoints, `extra_body` in the openai client):
 - `tpot_slo_ms`: a number, the TPOT target in ms per output token;
-- `slo_class`: the name of a class of the SLO config.
-Giving both is accepted only when the class is absolute and states the same target.
+- `slo_class`: the name of a class of the SLO config;
+- `ttft_slo_ms` (optional, with either or neither): the time-to-first-token target in ms, used
+  by SLO-aware admission.
+Giving both `tpot_slo_ms` and `slo_class` is accepted only when the class is absolute and states the same target.
 A ValueError raised here becomes SGLang's HTTP 400 (or the Engine's exception).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from sgl_adaspec.scheduler.slo_config import BEST_EFFORT, SloConfig, check_tpot_ms
 
 TPOT_FIELD = "tpot_slo_ms"
 CLASS_FIELD = "slo_class"
+TTFT_FIELD = "ttft_slo_ms"
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ class RequestSlo:
     slo_class: str
     tpot_slo_ms: float | None = None
     baseline_multiple: float | None = None
+    ttft_slo_ms: float | None = None
 
     @property
     def best_effort(self) -> bool:
@@ -45,6 +50,13 @@ def parse_request_slo(custom_params, config: SloConfig) -> RequestSlo:
         custom_params = {}
     if not isinstance(custom_params, dict):
         raise ValueError(f"custom_params must be an object, got {type(custom_params).__name__}")
+    ttft = None
+    if TTFT_FIELD in custom_params:
+        ttft = check_tpot_ms(custom_params[TTFT_FIELD], TTFT_FIELD)
+    return dataclasses.replace(_parse_tpot_slo(custom_params, config), ttft_slo_ms=ttft)
+
+
+def _parse_tpot_slo(custom_params: dict, config: SloConfig) -> RequestSlo:
     has_tpot, has_class = TPOT_FIELD in custom_params, CLASS_FIELD in custom_params
     tpot = check_tpot_ms(custom_params[TPOT_FIELD], TPOT_FIELD) if has_tpot else None
     if not has_class:

@@ -67,7 +67,8 @@ def _is_number(value) -> bool:
 
 
 def check_tpot_ms(value, what: str) -> float:
-    """A TPOT in ms must be a finite number in (0, MAX_TPOT_MS]; raises ValueError naming it."""
+    """A latency target in ms must be a finite number in (0, MAX_TPOT_MS]; raises ValueError
+    naming it (used for TPOT and TTFT targets alike)."""
     if not _is_number(value):
         raise ValueError(f"{what} must be a number of milliseconds, got {value!r}")
     if not math.isfinite(value) or value <= 0:

@@ -30,7 +30,8 @@ import torch
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.platform.cpu.ops import NO_NODE, sibling_links, tree_parent_nodes
 from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, knee_budget
-from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo
+from sgl_adaspec.scheduler.request_slo import RequestSlo
+from sgl_adaspec.scheduler.sglang_adapter import request_slo
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
@@ -123,6 +124,9 @@ def profile_verify_cost(worker, repeats: int = 3) -> VerifyCostProfile | None:
         max_bs = runner._eager_max_bs
         buffers = runner._alloc_dummy_decode_buffers(max_bs, num_tokens_per_req=ntok)
         sizes = sorted({min(2**i, max_bs) for i in range(max_bs.bit_length() + 1)})
+        if len(sizes) < 2:
+            logger.info("sgl_adaspec: one running request at most; no verify cost profile")
+            return None
         latency = []
         for bs in sizes:
             runner._dummy_run(batch_size=bs, buffers=buffers)  # warm-up
@@ -303,14 +307,11 @@ def slo_batch(reqs, stats: SpecStats, baseline_tpot_ms: float | None) -> SloBatc
     Classes relative to the baseline TPOT resolve with `baseline_tpot_ms` (best effort while
     it is unknown)."""
     now = time.perf_counter()
-    config = AdaspecConfig.from_env()
-    slo_config = config.load_slo_config()
     tpot, elapsed, tokens = [], [], []
     for req in reqs:
         state = getattr(req, "_adaspec_state", None)
         if state is None:
-            slo = parse_request_slo(req.sampling_params.custom_params, slo_config)
-            state = RequestState(slo, now, len(req.output_ids), stats)
+            state = RequestState(request_slo(req), now, len(req.output_ids), stats)
             req._adaspec_state = state
         target_ms = state.slo.resolve_ms(baseline_tpot_ms)
         tpot.append(target_ms if target_ms is not None else math.nan)

@@ -53,3 +53,12 @@ def test_bad_input_names_the_field(params, message):
     with pytest.raises(ValueError) as err:
         parse_request_slo(params, CONFIG)
     assert message in str(err.value)
+
+
+def test_ttft_slo_is_parsed_and_validated():
+    slo = parse_request_slo({"slo_class": "chat", "ttft_slo_ms": 500}, CONFIG)
+    assert slo.ttft_slo_ms == 500.0 and slo.tpot_slo_ms == 50
+    assert parse_request_slo({"ttft_slo_ms": 80}, CONFIG).ttft_slo_ms == 80.0
+    for bad, message in [(-1, "ttft_slo_ms must be > 0"), ("soon", "ttft_slo_ms must be a number")]:
+        with pytest.raises(ValueError, match=message):
+            parse_request_slo({"ttft_slo_ms": bad}, CONFIG)

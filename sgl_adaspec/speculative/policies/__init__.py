@@ -15,6 +15,8 @@ class PolicySpec:
     summary: str
     # Whether the policy shapes speculation and therefore needs a tree-drafting algorithm.
     needs_speculation: bool
+    # Whether SLO-aware admission (`scheduler/admission.py`) is on unless --slo-admission says.
+    slo_admission_by_default: bool = False
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -24,7 +26,8 @@ POLICIES: dict[str, PolicySpec] = {
         PolicySpec(
             "adaserve",
             "SLO-customized draft trees plus a throughput-optimized global top-k under a budget",
-            True,
+            needs_speculation=True,
+            slo_admission_by_default=True,
         ),
     )
 }

@@ -1,0 +1,51 @@
+"""SLO-aware admission on a real server that runs one request at a time: a request with a tight
+TTFT target that arrives behind a queue of best-effort requests is admitted ahead of them."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import pytest
+import requests
+
+from sgl_adaspec.testing.server import eagle_flags
+
+from .conftest import start
+
+
+def finish_order(url: str) -> list[str]:
+    def send(name: str, custom_params: dict, delay_s: float):
+        time.sleep(delay_s)
+        body = {
+            "text": f"# request {name}\ndef f(x):",
+            "sampling_params": {
+                "temperature": 0.0, "max_new_tokens": 48, "custom_params": custom_params,
+            },
+        }  # fmt: skip
+        requests.post(f"{url}/generate", json=body, timeout=300).raise_for_status()
+        return name, time.perf_counter()
+
+    jobs = [("be1", {}, 0.0), ("be2", {}, 0.05), ("be3", {}, 0.1), ("urgent", {"ttft_slo_ms": 50}, 0.3)]
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        done = list(pool.map(lambda job: send(*job), jobs))
+    return [name for name, _ in sorted(done, key=lambda item: item[1])]
+
+
+@pytest.mark.parametrize("admission", ["on", "off"])
+def test_urgent_ttft_request_is_admitted_first(models, tmp_path_factory, admission):
+    flags = (
+        *eagle_flags(models.eagle_draft), "--spec-policy", "adaserve",
+        "--slo-admission", admission, "--max-running-requests", "1",
+        # Aging far beyond the test's duration: the order is decided by slack alone.
+        "--admission-max-wait-ms", "600000",
+    )  # fmt: skip
+    server = start(tmp_path_factory, f"admission-{admission}", models.target, *flags)
+    try:
+        order = finish_order(server.url)
+    finally:
+        server.stop()
+    if admission == "on":
+        assert order.index("urgent") < order.index("be3"), order
+    else:
+        assert order[-1] == "urgent", order
