@@ -41,9 +41,36 @@ def order_waiting_queue(_result, schedule_policy, waiting_queue, *args, **kwargs
     waiting_queue[:] = [waiting_queue[i] for i in order]
 
 
+QUEUE_FULL = "The request queue is full."
+
+
+def queue_full_message(finished_reason: dict, limit: int | None) -> dict:
+    """SGLang's rejection beyond `--max-queued-requests`, with the limit named."""
+    if not isinstance(finished_reason, dict) or finished_reason.get("message") != QUEUE_FULL:
+        return finished_reason
+    return {
+        **finished_reason,
+        "message": f"The request queue is full: {limit} requests are waiting, the limit set by "
+        "--max-queued-requests; retry later.",
+    }
+
+
+def name_queue_limit(req, finished_reason=None):
+    """BEFORE `scheduler._make_abort_req(req, finished_reason)`: only the message text changes."""
+    from sglang.srt.runtime_context import get_schedule
+
+    if finished_reason is None:
+        return None
+    named = queue_full_message(finished_reason, get_schedule().max_queued_requests)
+    return (req,), {"finished_reason": named}
+
+
 def register(registry, hook_type) -> None:
     registry.register(
         "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
         order_waiting_queue,
         hook_type.AFTER,
+    )
+    registry.register(
+        "sglang.srt.managers.scheduler._make_abort_req", name_queue_limit, hook_type.BEFORE
     )

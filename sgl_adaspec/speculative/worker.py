@@ -342,9 +342,13 @@ def add_internal_state(_result, controller, state: dict) -> None:
     draft_worker = getattr(controller.scheduler, "draft_worker", None)
     policy = getattr(draft_worker, "_adaspec_policy", None)
     config = AdaspecConfig.from_env()
+    pool_stats = controller.scheduler.pool_stats_observer.get_pool_stats()
     state["adaspec"] = {
         "spec_policy": config.spec_policy,
         "stats": policy.stats.as_dict() if policy is not None else None,
+        # KV slots held by requests now (radix-cached, evictable prefixes excluded), computed
+        # on each call unlike the periodically published `sglang:num_used_tokens`.
+        "kv_tokens_used": int(pool_stats.full_num_used),
     }
 
 
