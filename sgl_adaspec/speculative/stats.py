@@ -16,6 +16,7 @@ class ClassStats:
     finished: int = 0
     met: int = 0
     tpot_ms_sum: float = 0.0
+    infeasible: int = 0  # finished requests whose SLO was unreachable even alone
 
     def as_dict(self) -> dict:
         return {
@@ -23,6 +24,7 @@ class ClassStats:
             "met": self.met,
             "attainment": self.met / self.finished if self.finished else None,
             "mean_tpot_ms": self.tpot_ms_sum / self.finished if self.finished else None,
+            "infeasible": self.infeasible,
         }
 
 
@@ -30,6 +32,7 @@ class ClassStats:
 class SpecStats:
     iterations: int = 0
     verified_tokens: int = 0
+    max_verified_tokens: int = 0  # most tokens any single iteration verified
     accepted_tokens: int = 0
     request_iterations: int = 0  # sum over iterations of the running requests
     last_budget: int | None = None
@@ -48,14 +51,18 @@ class SpecStats:
         self.iterations += 1
         self.request_iterations += len(verified)
         self.verified_tokens += sum(verified)
+        self.max_verified_tokens = max(self.max_verified_tokens, sum(verified))
         self.accepted_tokens += sum(accepted)
         self.last_budget, self.last_depth, self.last_width = budget, depth, width
         for sink in self.sinks:
             sink.observe_iteration(verified, accepted, budget, depth, width)
 
-    def observe_finished(self, slo_class: str, tpot_ms: float, tpot_slo_ms: float | None) -> None:
+    def observe_finished(
+        self, slo_class: str, tpot_ms: float, tpot_slo_ms: float | None, infeasible: bool = False
+    ) -> None:
         stats = self.classes.setdefault(slo_class, ClassStats())
         stats.finished += 1
+        stats.infeasible += infeasible
         stats.tpot_ms_sum += tpot_ms
         met = tpot_slo_ms is None or tpot_ms <= tpot_slo_ms
         stats.met += met
@@ -69,6 +76,7 @@ class SpecStats:
             "verified_tokens_per_iteration": (
                 self.verified_tokens / self.iterations if self.iterations else None
             ),
+            "max_verified_tokens_per_iteration": self.max_verified_tokens,
             "accepted_tokens_per_verify": (
                 self.accepted_tokens / per_verify if per_verify else None
             ),

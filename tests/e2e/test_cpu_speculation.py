@@ -68,6 +68,15 @@ def test_native_and_openai_endpoints_answer(eagle_server):
         timeout=120,
     )
     assert native.status_code == 200 and native.json()["meta_info"]["completion_tokens"] == 8
+    top = requests.post(
+        f"{url}/generate",
+        json={
+            "text": "def add(a, b):",
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "top_k": 5, "top_p": 0.9},
+        },
+        timeout=120,
+    )
+    assert top.status_code == 200 and top.json()["meta_info"]["completion_tokens"] == 8
     completion = requests.post(
         f"{url}/v1/completions",
         json={"model": "default", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0},

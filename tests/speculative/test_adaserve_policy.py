@@ -96,8 +96,30 @@ def test_stats_attainment_per_class():
     stats.observe_iteration([3, 1], [2, 1], budget=4, depth=3, width=2)
     report = stats.as_dict()
     assert report["classes"]["chat"] == {
-        "finished": 2, "met": 1, "attainment": 0.5, "mean_tpot_ms": 50.0,
+        "finished": 2, "met": 1, "attainment": 0.5, "mean_tpot_ms": 50.0, "infeasible": 0,
     }  # fmt: skip
     assert report["classes"]["best_effort"]["attainment"] == 1.0
     assert report["verified_tokens_per_iteration"] == 4
     assert report["accepted_tokens_per_verify"] == 1.5
+
+
+def test_request_that_cannot_meet_its_slo_even_alone_is_served_best_effort():
+    tokens = torch.arange(4).repeat(2, 1)
+    cands = Candidates(
+        tokens=tokens,
+        parents=torch.tensor([[-1, 0, 1, 2]] * 2),
+        path_prob=torch.tensor([[0.9, 0.8, 0.7, 0.6]] * 2),
+        valid=torch.ones((2, 4), dtype=torch.bool),
+    )
+    # t_spec 40 ms, depth 4 (tree) -> at best 40 / 5 = 8 ms per token.
+    slo = SloBatch(
+        tpot_slo_ms=torch.tensor([2.0, 20.0], dtype=torch.float64),  # 2 ms: hopeless
+        decode_elapsed_ms=torch.tensor([400.0, 400.0], dtype=torch.float64),
+        tokens_out=torch.tensor([5.0, 5.0], dtype=torch.float64),
+    )
+    policy = AdaservePolicy(AdaserveConfig(budget=5, tree=AdaptiveTreeConfig(max_depth=4)))
+    policy.observe_iteration(40.0)
+    selection, required, plan = policy.select(cands, slo)
+    assert policy.infeasible(slo, plan).tolist() == [True, False]
+    assert required[0] == 0.0 and required[1] > 0
+    assert selection.counts.tolist() == [0, 3]  # the budget goes to the request it can help

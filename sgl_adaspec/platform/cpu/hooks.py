@@ -180,11 +180,8 @@ def register(registry, hook_type) -> None:
         f"{factory}.create_draft_extend_backend", create_draft_extend_backend, around
     )
     _register_attention_factory()
-    _provide_missing_kernel(
-        "sglang.srt.speculative.eagle_utils",
-        "tree_speculative_sampling_target_only",
-        ops.tree_speculative_sampling_target_only,
-    )
+    for name in ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob"):
+        _provide_missing_kernel("sglang.srt.speculative.eagle_utils", name, getattr(ops, name))
 
 
 def _provide_missing_kernel(module_name: str, name: str, torch_impl: Callable) -> None:

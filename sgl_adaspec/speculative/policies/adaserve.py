@@ -67,10 +67,12 @@ class AdaservePolicy:
     def select(
         self, cands: Candidates, slo: SloBatch
     ) -> tuple[Selection, torch.Tensor, Plan]:
-        """Returns the selection, A(r) [B] it was computed for, and the plan it followed."""
+        """Returns the selection, A(r) [B] it was computed for (0 for requests served best
+        effort, see `infeasible`), and the plan it followed."""
         plan = self.plan(cands)
         shaped = restrict_to_shape(cands, plan.depth, plan.width)
         required = required_tokens(slo, self.t_spec_ms or 0.0)
+        required = torch.where(self.infeasible(slo, plan), 0.0, required)
         n_max = self.config.max_nodes_per_request
         selection = select_adaserve(
             shaped, required, plan.budget, cands.num_nodes if n_max is None else n_max
@@ -83,6 +85,16 @@ class AdaservePolicy:
     def _smooth(self, old: float | None, new: float) -> float:
         alpha = self.config.latency_smoothing
         return new if old is None else (1 - alpha) * old + alpha * new
+
+    def infeasible(self, slo: SloBatch, plan: Plan) -> torch.Tensor:
+        """[B] bool: requests whose TPOT SLO cannot be met even alone, i.e. even if every
+        iteration (at the current latency t_spec) committed the most a depth-d tree can give,
+        d + 1 tokens. They are served best effort so they never take the budget from requests
+        that can still be helped (AdaServe 4.3)."""
+        if self.t_spec_ms is None:
+            return torch.zeros_like(slo.has_slo)
+        best_tpot_ms = self.t_spec_ms / (plan.depth + 1)
+        return slo.has_slo & (slo.tpot_slo_ms < best_tpot_ms)
 
     def observe_iteration(self, latency_ms: float) -> None:
         self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)

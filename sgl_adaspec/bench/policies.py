@@ -1,0 +1,93 @@
+"""Speculation policies the bench can start a server with, by name.
+
+Every recipe serves the same target model; only the speculation flags differ:
+
+* ``none``: no speculation.
+* ``static``: EAGLE tree (steps, topk, draft tokens) and ``--spec-policy static`` (SGLang as is).
+* ``sglang-adaptive``: SGLang's ``--speculative-adaptive``: EAGLE with topk 1 (the only width it
+  supports) and ``steps + 1`` draft tokens; SGLang moves the steps among its candidate steps
+  (1, 3, 5, 7 by default) from the observed acceptance. ``steps`` must be one of them.
+* ``adaserve``: EAGLE tree and ``--spec-policy adaserve`` (needs topk >= 2).
+
+Later policies add a `PolicyRecipe` to `POLICIES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sgl_adaspec.testing.server import eagle_flags
+
+
+@dataclass(frozen=True)
+class SpecShape:
+    """The draft tree of the speculative recipes (SGLang's three EAGLE flags)."""
+
+    steps: int = 3
+    topk: int = 4
+    num_draft_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.topk < 1 or self.num_draft_tokens < 2:
+            raise ValueError(f"invalid speculation shape {self}")
+
+
+@dataclass(frozen=True)
+class PolicyRecipe:
+    name: str
+    summary: str
+    flags: Callable[[Path, SpecShape], tuple[str, ...]]
+    # server_info field that must read True once started (SGLang may switch a feature off with
+    # only a warning), with the log line prefix that says why.
+    must_be_on: str | None = None
+    off_reason_prefix: str | None = None
+
+
+def _none(draft: Path, shape: SpecShape) -> tuple[str, ...]:
+    return ()
+
+
+def _static(draft: Path, shape: SpecShape) -> tuple[str, ...]:
+    tree = eagle_flags(draft, shape.steps, shape.topk, shape.num_draft_tokens)
+    return (*tree, "--spec-policy", "static")
+
+
+def _sglang_adaptive(draft: Path, shape: SpecShape) -> tuple[str, ...]:
+    # SGLang 0.5.23 adaptive speculation supports topk 1 only and sets draft tokens = steps + 1.
+    chain = eagle_flags(draft, shape.steps, 1, shape.steps + 1)
+    return (*chain, "--speculative-adaptive")
+
+
+def _adaserve(draft: Path, shape: SpecShape) -> tuple[str, ...]:
+    tree = eagle_flags(draft, shape.steps, shape.topk, shape.num_draft_tokens)
+    return (*tree, "--spec-policy", "adaserve")
+
+
+POLICIES: dict[str, PolicyRecipe] = {
+    recipe.name: recipe
+    for recipe in (
+        PolicyRecipe("none", "no speculation", _none),
+        PolicyRecipe("static", "EAGLE tree, SGLang's own speculation", _static),
+        PolicyRecipe(
+            "sglang-adaptive",
+            "SGLang --speculative-adaptive (EAGLE chain, topk 1)",
+            _sglang_adaptive,
+            must_be_on="speculative_adaptive",
+            off_reason_prefix="speculative_adaptive disabled:",
+        ),
+        PolicyRecipe("adaserve", "EAGLE tree, --spec-policy adaserve", _adaserve),
+    )
+}
+
+
+def get_policy(name: str) -> PolicyRecipe:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose from: {', '.join(POLICIES)}") from None
+
+
+def is_speculative(name: str) -> bool:
+    return name != "none"

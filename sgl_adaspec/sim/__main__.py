@@ -1,0 +1,63 @@
+"""`python -m sgl_adaspec.sim [--experiment rps-sweep] [options]`; see docs/simulator.md.
+
+Defaults live in `experiments.SweepConfig`; flags left out keep them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+
+from sgl_adaspec.sim.experiments import SweepConfig, rps_sweep_main
+from sgl_adaspec.sim.latency import PRESETS
+from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES
+
+EXPERIMENTS = ("rps-sweep",)
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
+    parser = argparse.ArgumentParser(prog="python -m sgl_adaspec.sim", description=__doc__)
+    parser.add_argument("--experiment", choices=EXPERIMENTS, default="rps-sweep")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="latency model")
+    parser.add_argument("--rates", type=_floats, dest="rates_rps", help="e.g. 1,2,4,8 (req/s)")
+    parser.add_argument("--num-requests", type=int, help="requests per run")
+    parser.add_argument("--repeats", type=int, help="seeds per rate (the table shows the mean)")
+    known = ",".join(POLICY_NAMES + EXTRA_POLICY_NAMES)
+    parser.add_argument("--policies", type=_names, help=f"comma-separated, from {known}")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--acceptance", help="acceptance model JSON (default: synthetic)")
+    parser.add_argument("--out", dest="out_dir", help="output folder (JSON, PNG)")
+    parser.add_argument("--max-running-requests", type=int)
+    args = vars(parser.parse_args(argv))
+    experiment = args.pop("experiment")
+    given = {k: v for k, v in args.items() if v is not None}
+    try:
+        return experiment, dataclasses.replace(SweepConfig(), **given)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    experiment, config = parse_args(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(1)  # tiny tensors; leave the other cores alone
+    if experiment == "rps-sweep":
+        rps_sweep_main(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""Experiments on the simulator. `rps-sweep`: AdaServe's Figures 8-9 in simulation (SLO
+attainment and goodput vs request rate, classes coding / chat / summarization mixed 60/20/20)
+for no speculation, SGLang's static tree, SGLang-style adaptive steps and adaserve.
+
+Metrics (AdaServe 6.1): attainment = share of requests whose mean TPOT <= their SLO; goodput =
+output tokens of the requests that met their SLO / makespan (first arrival to last finish), in
+tokens per second.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sgl_adaspec.scheduler.cost_model import knee_budget
+from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
+from sgl_adaspec.sim.acceptance import SYNTHETIC_DEFAULT, AcceptanceModel
+from sgl_adaspec.sim.engine import EngineConfig, SimResult, simulate
+from sgl_adaspec.sim.latency import get_preset
+from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES, make_policy
+from sgl_adaspec.sim.workload import poisson_workload
+
+PEAK_METRIC = "adaserve_vs_static_attainment_at_peak"
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """The single home of the rps-sweep defaults (the CLI passes only what it was given)."""
+
+    # The paper's setup (Table 1: Llama-3.1-70B, TP4 on A100-80GB, Llama-3.2-1B draft).
+    preset: str = "a100x4-llama70b"
+    rates_rps: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+    num_requests: int = 400  # per rate and seed
+    repeats: int = 3  # seeds per rate; the table shows the mean
+    policies: tuple[str, ...] = POLICY_NAMES
+    seed: int = 0
+    acceptance: str | None = None  # JSON path; None: the synthetic default
+    out_dir: str = "out/sim"
+    max_running_requests: int = 128
+
+    def __post_init__(self) -> None:
+        if not self.rates_rps or any(not r > 0 for r in self.rates_rps):
+            raise ValueError(f"rates must be > 0, got {self.rates_rps}")
+        if self.num_requests < 1 or self.repeats < 1:
+            raise ValueError(
+                f"num_requests and repeats must be >= 1: {self.num_requests}, {self.repeats}"
+            )
+        known = POLICY_NAMES + EXTRA_POLICY_NAMES
+        unknown = [p for p in self.policies if p not in known]
+        if unknown:
+            raise ValueError(f"unknown policies {unknown}; choose from {', '.join(known)}")
+
+
+def summarize(result: SimResult) -> dict:
+    """Attainment, goodput and per-class figures of one run."""
+    workload = result.workload
+    met = result.met
+    makespan_s = float(np.nanmax(result.finish_s) - workload.arrival_s.min())
+    per_class = {}
+    for i, name in enumerate(workload.class_names):
+        rows = workload.class_index == i
+        if rows.any():
+            per_class[name] = {
+                "requests": int(rows.sum()),
+                "attainment": float(met[rows].mean()),
+                "mean_tpot_ms": float(result.tpot_ms[rows].mean()),
+                "tpot_slo_ms": float(workload.tpot_slo_ms[rows][0]),
+            }
+    per_verify = result.request_iterations or 1
+    return {
+        "attainment": float(met.mean()),
+        "goodput_tok_s": float((workload.output_tokens * met).sum() / makespan_s),
+        "throughput_tok_s": float(workload.output_tokens.sum() / makespan_s),
+        "makespan_s": makespan_s,
+        "classes": per_class,
+        "accept_length": 1.0 + result.accepted_drafts / per_verify,  # bonus included
+        "verified_per_request": result.verified_tokens / per_verify,
+        "mean_batch": result.request_iterations / max(result.iterations, 1),
+        "iterations": result.iterations,
+        "busy_ms": {
+            "prefill": result.prefill_ms,
+            "draft": result.draft_ms,
+            "verify": result.verify_ms,
+        },
+    }
+
+
+def _mean_summary(runs: list[dict]) -> dict:
+    """Mean over seeds of every number in the run summaries (same keys in every run)."""
+
+    def merge(values: list):
+        if isinstance(values[0], dict):
+            return {key: merge([v[key] for v in values]) for key in values[0]}
+        return float(np.mean(values))
+
+    return merge(runs)
+
+
+def run_rps_sweep(config: SweepConfig, progress=print) -> dict:
+    latency = get_preset(config.preset)
+    acceptance = AcceptanceModel.load(config.acceptance) if config.acceptance else SYNTHETIC_DEFAULT
+    slo_config = load_slo_config(REPO_SLO_CONFIG)
+    profile = latency.verify_profile()
+    budget = knee_budget(profile)
+    baseline = latency.baseline_tpot_ms
+    engine = EngineConfig(max_running_requests=config.max_running_requests)
+    # One workload per seed, the same at every rate up to a time scale (as the paper rescales
+    # one trace to each rate: `poisson_workload` draws unit-rate gaps and divides by the rate),
+    # so the curves compare like with like. Every policy sees the same workloads and seeds.
+    seeds = [
+        np.random.SeedSequence([config.seed, repeat]).generate_state(2)
+        for repeat in range(config.repeats)
+    ]
+    rows = []
+    for rate in config.rates_rps:
+        workloads = [
+            poisson_workload(rate, config.num_requests, slo_config, baseline, int(w))
+            for w, _ in seeds
+        ]
+        for name in config.policies:
+            started = time.perf_counter()
+            runs = []
+            for workload, (_, engine_seed) in zip(workloads, seeds):
+                policy = make_policy(name, budget, baseline)
+                result = simulate(workload, latency, acceptance, policy, int(engine_seed), engine)
+                runs.append(summarize(result))
+            row = {"rate_rps": rate, "policy": name, **_mean_summary(runs)}
+            row["attainment_by_seed"] = [run["attainment"] for run in runs]
+            row["wall_s"] = time.perf_counter() - started
+            rows.append(row)
+            progress(
+                f"  rate {rate:g} rps {name:<16} attainment {row['attainment']:.3f} "
+                f"goodput {row['goodput_tok_s']:.0f} tok/s ({row['wall_s']:.1f} s)"
+            )
+    return {
+        "experiment": "rps-sweep",
+        "config": asdict(config),
+        "latency_model": {
+            "name": latency.name,
+            "description": latency.description,
+            "provenance": latency.provenance,
+            "baseline_tpot_ms": baseline,
+            "verify_profile": profile.as_dict(),
+            "adaserve_budget": budget,
+        },
+        "acceptance_model": acceptance.to_json(),
+        "slo_ms": {
+            name: slo_config.classes[name].resolve_ms(baseline) for name in slo_config.classes
+        },
+        "rows": rows,
+        PEAK_METRIC: peak_ratio(rows, config.rates_rps),
+    }
+
+
+def peak_ratio(rows: list[dict], rates: tuple[float, ...]) -> float:
+    """adaserve's attainment over static's at the highest rate (nan if either did not run)."""
+    peak = max(rates)
+    found = {r["policy"]: r["attainment"] for r in rows if r["rate_rps"] == peak}
+    if "adaserve" not in found or "static" not in found:
+        return math.nan
+    if found["static"] == 0:
+        return math.inf if found["adaserve"] > 0 else math.nan
+    return found["adaserve"] / found["static"]
+
+
+def format_table(sweep: dict) -> str:
+    """Rate x policy: attainment (%) and goodput (tok/s)."""
+    policies = list(dict.fromkeys(r["policy"] for r in sweep["rows"]))
+    rates = list(dict.fromkeys(r["rate_rps"] for r in sweep["rows"]))
+    cell = {(r["rate_rps"], r["policy"]): r for r in sweep["rows"]}
+    width = 17
+    head = f"{'rps':>5} | " + " | ".join(f"{p:^{width}}" for p in policies)
+    sub = f"{'':>5} | " + " | ".join(f"{'attain':>7} {'goodput':>9}" for _ in policies)
+    lines = [head, sub, "-" * len(head)]
+    for rate in rates:
+        parts = []
+        for p in policies:
+            row = cell[(rate, p)]
+            parts.append(f"{100 * row['attainment']:6.1f}% {row['goodput_tok_s']:9.1f}")
+        lines.append(f"{rate:>5g} | " + " | ".join(parts))
+    return "\n".join(lines)
+
+
+def write_plot(sweep: dict, path: Path) -> bool:
+    """Attainment and goodput vs rate, one line per policy. False if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    policies = list(dict.fromkeys(r["policy"] for r in sweep["rows"]))
+    fig, (ax_att, ax_good) = plt.subplots(1, 2, figsize=(10, 4))
+    for policy in policies:
+        rows = [r for r in sweep["rows"] if r["policy"] == policy]
+        rates = [r["rate_rps"] for r in rows]
+        ax_att.plot(rates, [100 * r["attainment"] for r in rows], marker="o", label=policy)
+        ax_good.plot(rates, [r["goodput_tok_s"] for r in rows], marker="o", label=policy)
+    ax_att.set(xlabel="request rate (req/s)", ylabel="SLO attainment (%)", ylim=(0, 105))
+    ax_good.set(xlabel="request rate (req/s)", ylabel="goodput (tokens/s)")
+    ax_att.legend()
+    model = sweep["latency_model"]["name"]
+    acceptance = sweep["acceptance_model"]["name"]
+    fig.suptitle(f"simulated: {model}, acceptance model {acceptance}, mix 60/20/20")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def describe(sweep: dict) -> str:
+    lat, acc = sweep["latency_model"], sweep["acceptance_model"]
+    slo = ", ".join(f"{k} {v:.1f} ms" for k, v in sweep["slo_ms"].items())
+    cfg = sweep["config"]
+    return "\n".join(
+        [
+            f"latency model: {lat['name']} ({lat['description']})",
+            f"  baseline TPOT {lat['baseline_tpot_ms']:.2f} ms; adaserve budget B = "
+            f"{lat['adaserve_budget']} (knee of the verify profile)",
+            f"acceptance model: {acc['name']}: {acc['source']}",
+            f"SLOs: {slo}; mix coding/chat/summarization 60/20/20; Poisson arrivals, "
+            f"{cfg['num_requests']} requests per run, mean of {cfg['repeats']} seeds per rate "
+            f"(base seed {cfg['seed']})",
+        ]
+    )
+
+
+def rps_sweep_main(config: SweepConfig) -> dict:
+    """Run the sweep, print the header and table, write JSON and PNG, print the peak ratio last."""
+    started = time.perf_counter()
+    sweep = run_rps_sweep(config)
+    sweep["wall_s"] = time.perf_counter() - started
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "rps_sweep.json"
+    json_path.write_text(json.dumps(sweep, indent=1, default=float) + "\n")
+    print(describe(sweep))
+    print(format_table(sweep))
+    png_path = out / "rps_sweep.png"
+    if write_plot(sweep, png_path):
+        print(f"wrote {json_path} and {png_path} ({sweep['wall_s']:.0f} s)")
+    else:
+        print(f"wrote {json_path}; no plot: matplotlib is not installed ({sweep['wall_s']:.0f} s)")
+    print(f"{PEAK_METRIC}={sweep[PEAK_METRIC]:.3f}")
+    return sweep

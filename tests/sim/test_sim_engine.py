@@ -1,0 +1,113 @@
+"""Simulator invariants: conservation, no gain without acceptance, determinism, and the
+SLO-aware policy serving the tight class better than the static tree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sgl_adaspec.scheduler.cost_model import knee_budget
+from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
+from sgl_adaspec.sim.acceptance import SYNTHETIC_DEFAULT, zero_acceptance
+from sgl_adaspec.sim.engine import EngineConfig, simulate
+from sgl_adaspec.sim.latency import get_preset
+from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES, make_policy
+from sgl_adaspec.sim.workload import Workload, poisson_workload
+
+ALL_POLICIES = POLICY_NAMES + EXTRA_POLICY_NAMES
+SPECULATIVE = [p for p in ALL_POLICIES if p != "none"]
+
+
+def _run(preset, workload, policy, acceptance=SYNTHETIC_DEFAULT, seed=0, **engine):
+    latency = get_preset(preset)
+    budget = knee_budget(latency.verify_profile())
+    return simulate(
+        workload,
+        latency,
+        acceptance,
+        make_policy(policy, budget, latency.baseline_tpot_ms),
+        seed,
+        EngineConfig(**engine),
+        record_iterations=True,
+    )
+
+
+def _workload(preset, rate, num_requests, seed=0):
+    latency = get_preset(preset)
+    slo = load_slo_config(REPO_SLO_CONFIG)
+    return poisson_workload(rate, num_requests, slo, latency.baseline_tpot_ms, seed)
+
+
+@pytest.mark.parametrize("policy", ALL_POLICIES)
+@pytest.mark.parametrize("max_running", [4, 128])
+def test_every_request_finishes_once_with_exactly_its_tokens(policy, max_running):
+    workload = _workload("h100-llama8b", 40.0, 60)
+    result = _run("h100-llama8b", workload, policy, max_running_requests=max_running)
+    assert (result.finished_count == 1).all()
+    assert (result.committed == workload.output_tokens).all()
+    # One token per request from prefill, the rest from decode iterations.
+    assert sum(result.log.committed) + workload.num_requests == workload.output_tokens.sum()
+    assert max(result.log.num_requests) <= max_running
+    assert (workload.arrival_s < result.first_token_s).all()
+    assert (result.first_token_s <= result.decode_start_s).all()
+    assert (result.decode_start_s < result.finish_s).all()
+    assert np.isfinite(result.tpot_ms).all()
+
+
+@pytest.mark.parametrize("policy", SPECULATIVE)
+@pytest.mark.parametrize("preset,rate", [("a100x4-llama70b", 3.0), ("h100-llama8b", 30.0)])
+def test_without_acceptance_speculation_never_beats_no_speculation(policy, preset, rate):
+    workload = _workload(preset, rate, 60, seed=1)
+    zero = zero_acceptance()
+    plain = _run(preset, workload, "none", zero)
+    spec = _run(preset, workload, policy, zero)
+    # Each decode iteration commits exactly the bonus token of every running request...
+    assert spec.log.committed == spec.log.num_requests
+    assert spec.accepted_drafts == 0
+    # ...and costs at least a plain decode step, so no request is served faster.
+    assert (spec.tpot_ms >= plain.tpot_ms - 1e-9).all()
+    assert spec.met.sum() <= plain.met.sum()
+
+
+def test_same_seed_same_result_other_seed_other_result():
+    workload = _workload("a100x4-llama70b", 5.0, 50)
+    first = _run("a100x4-llama70b", workload, "adaserve", seed=7)
+    again = _run("a100x4-llama70b", workload, "adaserve", seed=7)
+    other = _run("a100x4-llama70b", workload, "adaserve", seed=8)
+    assert np.array_equal(first.finish_s, again.finish_s)
+    assert first.log.verified == again.log.verified
+    assert not np.array_equal(first.finish_s, other.finish_s)
+    assert _workload("a100x4-llama70b", 5.0, 50).arrival_s.tolist() == workload.arrival_s.tolist()
+
+
+def test_workload_at_another_rate_is_the_same_trace_rescaled():
+    slow, fast = _workload("h100-llama8b", 2.0, 30), _workload("h100-llama8b", 8.0, 30)
+    assert np.allclose(slow.arrival_s, 4 * fast.arrival_s)
+    assert (slow.output_tokens == fast.output_tokens).all()
+
+
+def test_burst_at_time_zero_speculation_slower_without_acceptance_per_request():
+    """All requests arrive together: every policy decodes the same batch, so with zero
+    acceptance each request's TPOT is the mean iteration time, never below no speculation's."""
+    n = 16
+    workload = Workload(
+        ("coding", "chat", "summarization"),
+        arrival_s=np.zeros(n),
+        class_index=np.arange(n) % 3,
+        prompt_tokens=np.full(n, 100),
+        output_tokens=np.full(n, 50),
+        tpot_slo_ms=np.full(n, 40.0),
+    )
+    plain = _run("a100x4-llama70b", workload, "none", zero_acceptance())
+    for policy in SPECULATIVE:
+        spec = _run("a100x4-llama70b", workload, policy, zero_acceptance())
+        assert (spec.tpot_ms >= plain.tpot_ms).all(), policy
+
+
+def test_adaserve_serves_the_tight_class_better_than_static_under_mixed_load():
+    workload = _workload("a100x4-llama70b", 7.0, 200, seed=3)
+    coding = workload.class_index == workload.class_names.index("coding")
+    static = _run("a100x4-llama70b", workload, "static", seed=3)
+    adaserve = _run("a100x4-llama70b", workload, "adaserve", seed=3)
+    assert adaserve.met[coding].mean() > static.met[coding].mean() + 0.2
+    assert adaserve.met.mean() > static.met.mean()

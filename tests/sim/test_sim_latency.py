@@ -1,0 +1,70 @@
+"""Simulator latency presets: monotone, anchored to the figures they are built from."""
+
+from __future__ import annotations
+
+import pytest
+
+from sgl_adaspec.scheduler.cost_model import knee_budget
+from sgl_adaspec.sim.latency import PRESETS, Table, get_preset
+
+TOKENS = [1, 2, 4, 8, 16, 32, 64, 100, 128, 256, 300, 512, 1024, 4096]
+CONTEXTS = [0, 512, 10_000, 200_000]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_latency_is_monotone_in_tokens_and_context(name):
+    model = get_preset(name)
+    for cost in (model.verify_ms, model.draft_step_ms):
+        for context in CONTEXTS:
+            times = [cost(t, context) for t in TOKENS]
+            assert all(b >= a for a, b in zip(times, times[1:])), (name, context, times)
+            assert times[0] > 0
+        for tokens in TOKENS:
+            times = [cost(tokens, c) for c in CONTEXTS]
+            assert all(b >= a for a, b in zip(times, times[1:])), (name, tokens, times)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_states_its_sources(name):
+    model = get_preset(name)
+    assert model.provenance
+    kinds = ("measured", "published", "derived", "assumed")
+    for item, source in model.provenance.items():
+        assert source.startswith(kinds), f"{name}: {item!r} has no kind: {source!r}"
+
+
+def test_gpu_presets_reproduce_their_anchors():
+    # Derived overheads: batch-1 TPOT = SGLang docs' 158 tok/s (8B, H100), 30 ms (AdaServe 70B).
+    assert get_preset("h100-llama8b").baseline_tpot_ms == pytest.approx(1000 / 158)
+    assert get_preset("a100x4-llama70b").baseline_tpot_ms == pytest.approx(30.0)
+
+
+def test_gpu_verify_curves_have_a_knee_between_64_and_512_tokens():
+    for name in ("h100-llama8b", "a100x4-llama70b"):
+        model = get_preset(name)
+        flat = model.verify_ms(8, 0)
+        assert model.verify_ms(64, 0) == pytest.approx(flat)  # memory-bound: tokens are free
+        assert model.verify_ms(1024, 0) > 2 * flat  # compute-bound
+        assert 64 <= knee_budget(model.verify_profile()) <= 512
+
+
+def test_cpu_tiny_reproduces_the_measured_profile():
+    model = get_preset("cpu-tiny")
+    measured = {8: 1.28, 16: 1.31, 32: 1.47, 64: 2.10}
+    for tokens, latency_ms in measured.items():
+        assert model.verify_ms(tokens, 512) == pytest.approx(latency_ms)
+    assert knee_budget(model.verify_profile(max_requests=8)) == 32  # as the server chose
+
+
+def test_table_interpolates_and_extrapolates():
+    table = Table((8, 16), (1.0, 2.0))
+    assert table.forward_ms(4, 0) == 1.0
+    assert table.forward_ms(12, 0) == pytest.approx(1.5)
+    assert table.forward_ms(24, 0) == pytest.approx(3.0)
+    with pytest.raises(ValueError):
+        Table((8, 16), (2.0, 1.0))
+
+
+def test_unknown_preset_lists_the_choices():
+    with pytest.raises(KeyError, match="h100-llama8b"):
+        get_preset("tpu")
