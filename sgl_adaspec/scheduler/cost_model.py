@@ -50,3 +50,10 @@ def knee_budget(profile: VerifyCostProfile) -> int:
         if gap > best_gap:
             best, best_gap = tokens, gap
     return best
+
+
+def marginal_ms_per_token(profile: VerifyCostProfile) -> float:
+    """Average extra latency per token across the profiled range (>= 0): the cost of adding
+    prompt tokens to an iteration, as the scheduler's prefill bound uses it."""
+    extra = profile.latency_ms[-1] - profile.latency_ms[0]
+    return max(extra, 0.0) / (profile.tokens[-1] - profile.tokens[0])

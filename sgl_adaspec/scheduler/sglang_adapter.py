@@ -1,8 +1,12 @@
-"""SGLang scheduler adapter: SLO-aware admission order of the waiting queue.
+"""SGLang scheduler adapter: SLO-aware admission and prefill bounding, queue-limit messages.
 
-AFTER hook on `SchedulePolicy.calc_priority(waiting_queue, ...)`, which sorts the queue in place
-before every prefill admission: when SLO-aware admission is active the queue is re-ordered by
-`scheduler.admission.admission_order`. With it off (e.g. `--spec-policy static`) nothing changes.
+When SLO-aware scheduling is active (`--slo-admission`, on by default for adaserve):
+- AFTER `SchedulePolicy.calc_priority(waiting_queue, ...)`, which orders the queue in place
+  before every prefill admission: re-order it by `scheduler.admission.admission_order`;
+- BEFORE `PrefillAdder.__init__`: cap this iteration's prefill tokens by
+  `scheduler.prefill_bound.prefill_token_budget` so a long prompt cannot push running requests
+  with tight TPOT SLOs off their track (cost per token from the start-up verify profile).
+With it off (e.g. `--spec-policy static`) neither changes anything.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import time
 
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.admission import AdmissionConfig, WaitingRequest, admission_order
+from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, marginal_ms_per_token
+from sgl_adaspec.scheduler.prefill_bound import RunningSlo, prefill_token_budget
 from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo
 
 
@@ -39,6 +45,44 @@ def order_waiting_queue(_result, schedule_policy, waiting_queue, *args, **kwargs
     ]
     order = admission_order(waiting, time.perf_counter(), admission)
     waiting_queue[:] = [waiting_queue[i] for i in order]
+
+
+# PrefillAdder.__init__(self, page_size, tree_cache, allocator, running_batch,
+#                      new_token_ratio, rem_input_tokens, rem_chunk_tokens, ...)
+_RUNNING_BATCH, _REM_INPUT, _REM_CHUNK = 4, 6, 7
+
+
+def bound_prefill(*args, **kwargs):
+    """BEFORE `PrefillAdder.__init__`: lower the prefill token limits when running requests
+    with tight TPOT SLOs cannot afford a long prefill (see `scheduler/prefill_bound.py`)."""
+    if len(args) <= _REM_CHUNK or not AdaspecConfig.from_env().slo_admission_active:
+        return None
+    reqs = getattr(args[_RUNNING_BATCH], "reqs", None) or []
+    tracked = [(r, r._adaspec_state) for r in reqs if getattr(r, "_adaspec_state", None)]
+    profile = tracked[0][1].stats.cost_profile if tracked else None
+    if not profile:
+        return None
+    cost = marginal_ms_per_token(
+        VerifyCostProfile(tuple(profile["tokens"]), tuple(profile["latency_ms"]))
+    )
+    now = time.perf_counter()
+    running = [
+        RunningSlo(
+            tpot_slo_ms=state.slo.resolve_ms(state.stats.baseline_tpot_ms),
+            decode_elapsed_ms=1000 * (now - state.decode_start_s),
+            tokens_out=len(req.output_ids) - state.tokens_at_start,
+        )
+        for req, state in tracked
+    ]
+    limit = args[_REM_CHUNK] if args[_REM_CHUNK] is not None else args[_REM_INPUT]
+    budget = prefill_token_budget(running, cost, chunk_limit=limit)
+    if budget >= limit:
+        return None
+    args = list(args)
+    args[_REM_INPUT] = min(args[_REM_INPUT], budget)
+    if args[_REM_CHUNK] is not None:
+        args[_REM_CHUNK] = budget
+    return tuple(args), kwargs
 
 
 QUEUE_FULL = "The request queue is full."
@@ -73,4 +117,7 @@ def register(registry, hook_type) -> None:
     )
     registry.register(
         "sglang.srt.managers.scheduler._make_abort_req", name_queue_limit, hook_type.BEFORE
+    )
+    registry.register(
+        "sglang.srt.managers.schedule_policy.PrefillAdder.__init__", bound_prefill, hook_type.BEFORE
     )

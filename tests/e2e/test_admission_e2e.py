@@ -49,3 +49,46 @@ def test_urgent_ttft_request_is_admitted_first(models, tmp_path_factory, admissi
         assert order.index("urgent") < order.index("be3"), order
     else:
         assert order[-1] == "urgent", order
+
+
+def prefill_chunks(log_text: str) -> list[int]:
+    """#new-token of every prefill batch SGLang logged while a request was running."""
+    chunks = []
+    for line in log_text.splitlines():
+        if "Prefill batch" in line and "#running-req: 1" in line:
+            chunks.append(int(line.split("#new-token: ")[1].split(",")[0]))
+    return chunks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("admission", ["on", "off"])
+def test_long_prefill_is_chunked_while_a_tight_request_decodes(
+    models, tmp_path_factory, admission
+):
+    flags = (*eagle_flags(models.eagle_draft), "--spec-policy", "adaserve",
+             "--slo-admission", admission)  # fmt: skip
+    server = start(tmp_path_factory, f"prefill-{admission}", models.target, *flags)
+
+    def tight():
+        body = {
+            "text": "def f(x):",
+            "sampling_params": {
+                "temperature": 0, "max_new_tokens": 200, "custom_params": {"tpot_slo_ms": 20},
+            },
+        }  # fmt: skip
+        requests.post(f"{server.url}/generate", json=body, timeout=300).raise_for_status()
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            running = pool.submit(tight)
+            time.sleep(1.0)
+            long = server.generate("x = 1\n" * 300, 4)  # 1200 prompt tokens
+            running.result()
+    finally:
+        server.stop()
+    assert long["meta_info"]["prompt_tokens"] == 1200
+    chunks = prefill_chunks(server.log_path.read_text(errors="replace"))
+    if admission == "on":
+        assert len(chunks) > 1 and max(chunks) < 1200, chunks
+    else:
+        assert chunks == [1200], chunks

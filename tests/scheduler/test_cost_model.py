@@ -30,3 +30,10 @@ def test_flat_curve_takes_the_largest_count():
 def test_bad_profiles_are_rejected(tokens, latency):
     with pytest.raises(ValueError):
         VerifyCostProfile(tokens, latency)
+
+
+def test_marginal_cost_per_token():
+    from sgl_adaspec.scheduler.cost_model import marginal_ms_per_token
+
+    assert marginal_ms_per_token(VerifyCostProfile((8, 64), (10.0, 38.0))) == 0.5
+    assert marginal_ms_per_token(VerifyCostProfile((8, 64), (10.0, 9.0))) == 0.0

@@ -32,6 +32,16 @@ def chain_and_fan() -> Candidates:
     )
 
 
+def two_chains() -> Candidates:
+    """Two requests, each a chain of 4 nodes with f = .9, .8, .7, .6."""
+    return Candidates(
+        tokens=torch.arange(4).repeat(2, 1),
+        parents=torch.tensor([[-1, 0, 1, 2]] * 2),
+        path_prob=torch.tensor([[0.9, 0.8, 0.7, 0.6]] * 2),
+        valid=torch.ones((2, 4), dtype=torch.bool),
+    )
+
+
 def test_restrict_to_depth_and_width_keeps_a_beam():
     kept = restrict_to_shape(chain_and_fan(), depth=2, width=1).valid[0].tolist()
     # Level 1: best of {0, 1, 5} is 0; level 2: children of kept nodes -> 2 only.
@@ -51,13 +61,7 @@ def test_plan_follows_load_and_defaults_to_no_budget():
 
 
 def test_tight_request_gets_its_quota_first_under_budget():
-    tokens = torch.arange(4).repeat(2, 1)
-    cands = Candidates(
-        tokens=tokens,
-        parents=torch.tensor([[-1, 0, 1, 2]] * 2),
-        path_prob=torch.tensor([[0.9, 0.8, 0.7, 0.6]] * 2),
-        valid=torch.ones((2, 4), dtype=torch.bool),
-    )
+    cands = two_chains()
     slo = SloBatch(
         tpot_slo_ms=torch.tensor([math.nan, 10.0], dtype=torch.float64),
         decode_elapsed_ms=torch.tensor([100.0, 100.0], dtype=torch.float64),
@@ -104,13 +108,7 @@ def test_stats_attainment_per_class():
 
 
 def test_request_that_cannot_meet_its_slo_even_alone_is_served_best_effort():
-    tokens = torch.arange(4).repeat(2, 1)
-    cands = Candidates(
-        tokens=tokens,
-        parents=torch.tensor([[-1, 0, 1, 2]] * 2),
-        path_prob=torch.tensor([[0.9, 0.8, 0.7, 0.6]] * 2),
-        valid=torch.ones((2, 4), dtype=torch.bool),
-    )
+    cands = two_chains()
     # t_spec 40 ms, depth 4 (tree) -> at best 40 / 5 = 8 ms per token.
     slo = SloBatch(
         tpot_slo_ms=torch.tensor([2.0, 20.0], dtype=torch.float64),  # 2 ms: hopeless
