@@ -1,5 +1,5 @@
 # The two set-up commands of the README. Each creates or updates .venv first.
-.PHONY: venv demo test test-fast bench
+.PHONY: venv demo test test-slow test-all bench
 
 venv:
 	@bash scripts/setup_venv.sh
@@ -7,13 +7,16 @@ venv:
 demo: venv
 	.venv/bin/python -m sgl_adaspec.demo
 
-# Every test, slow ones included (CI runs this).
+# The default test run: everything but the tests marked slow (well under 30 min on 2 cores).
 test: venv
-	.venv/bin/python -m pytest -q
-
-# Skips tests marked slow.
-test-fast: venv
 	.venv/bin/python -m pytest -q -m "not slow"
+
+# The slow tier (more real-server end-to-end runs); CI runs it after `make test`.
+test-slow: venv
+	.venv/bin/python -m pytest -q -m slow
+
+test-all: venv
+	.venv/bin/python -m pytest -q
 
 bench: venv
 	.venv/bin/python benchmarks/cpu_spec_speed.py
