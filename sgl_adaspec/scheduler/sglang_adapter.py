@@ -59,6 +59,8 @@ def bound_prefill(*args, **kwargs):
         return None
     reqs = getattr(args[_RUNNING_BATCH], "reqs", None) or []
     tracked = [(r, r._adaspec_state) for r in reqs if getattr(r, "_adaspec_state", None)]
+    # Requests found unable to meet their SLO even alone are served best effort: no say here.
+    tracked = [(r, state) for r, state in tracked if not state.infeasible]
     profile = tracked[0][1].stats.cost_profile if tracked else None
     if not profile:
         return None

@@ -61,13 +61,13 @@ def prefill_chunks(log_text: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("admission", ["on", "off"])
-def test_long_prefill_is_chunked_while_a_tight_request_decodes(
-    models, tmp_path_factory, admission
-):
+def test_without_slo_admission_a_long_prefill_runs_in_one_piece(models, tmp_path_factory):
+    """SGLang's own behaviour is kept when SLO-aware scheduling is off: the 1200-token prompt is
+    prefilled in one batch next to the running request. (With it on, the bound depends on how
+    far ahead of its SLO the running request is on this machine: see test_sglang_adapter.py.)"""
     flags = (*eagle_flags(models.eagle_draft), "--spec-policy", "adaserve",
-             "--slo-admission", admission)  # fmt: skip
-    server = start(tmp_path_factory, f"prefill-{admission}", models.target, *flags)
+             "--slo-admission", "off")  # fmt: skip
+    server = start(tmp_path_factory, "prefill-off", models.target, *flags)
 
     def tight():
         body = {
@@ -87,8 +87,4 @@ def test_long_prefill_is_chunked_while_a_tight_request_decodes(
     finally:
         server.stop()
     assert long["meta_info"]["prompt_tokens"] == 1200
-    chunks = prefill_chunks(server.log_path.read_text(errors="replace"))
-    if admission == "on":
-        assert len(chunks) > 1 and max(chunks) < 1200, chunks
-    else:
-        assert chunks == [1200], chunks
+    assert prefill_chunks(server.log_path.read_text(errors="replace")) == [1200]
