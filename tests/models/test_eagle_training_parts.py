@@ -13,6 +13,7 @@ from sgl_adaspec.models.eagle_draft import DraftShape
 from sgl_adaspec.models.train_eagle import (
     ShardPool,
     draft_losses,
+    estimated_uses,
     generated_positions,
     init_draft,
     length_batches,
@@ -64,7 +65,7 @@ def test_length_batches_respect_the_token_budget() -> None:
 def test_shard_round_trip_and_pairing(tmp_path) -> None:
     seqs = [([5, 6, 7, 8], torch.randn(4, 32), 2), ([9, 10, 11], torch.randn(3, 32), 0)]
     Shard.build(seqs).save(tmp_path / "00000-gen.safetensors")
-    shard = ShardPool(tmp_path).get("00000-gen.safetensors")
+    shard = ShardPool(tmp_path, {}).get("00000-gen.safetensors")
     ids, hidden, start = shard.sequence(0)
     assert ids.tolist() == [5, 6, 7, 8] and start == 2 and hidden.dtype == torch.bfloat16
     embed = torch.arange(12 * 32, dtype=torch.float32).view(12, 32)
@@ -101,3 +102,23 @@ def test_a_few_steps_fit_a_tiny_target() -> None:
         losses.append(float(loss.detach()))
         assert counts == [39, 38]
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_pool_prefers_the_least_used_shards(tmp_path) -> None:
+    for name in ("00000-gen", "00001-gen"):
+        Shard.build([(list(range(10)), torch.randn(10, 8), 3)] * 10).save(
+            tmp_path / f"{name}.safetensors"
+        )
+    uses = {"00000-gen.safetensors": 400.0}  # 4 epochs over its 100 tokens
+    pool = ShardPool(tmp_path, uses)
+    assert pool.weights() == [100 / 25, 100.0]
+    rng = random.Random(0)
+    picks = [pool.sample(rng) for _ in range(200)]
+    assert len(picks) == 200 and uses["00001-gen.safetensors"] > 1000  # mostly the fresh one
+    assert uses is pool.uses  # the checkpointed dict is updated in place
+
+
+def test_estimated_uses_favour_early_shards() -> None:
+    est = estimated_uses(["a", "b", "c"], 300.0)
+    assert est["a"] > est["b"] > est["c"] > 0
+    assert abs(sum(est.values()) - 300.0) < 1e-9
