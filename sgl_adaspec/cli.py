@@ -80,6 +80,62 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
         help="Aging bound of SLO-aware admission: a request waiting this long goes first "
         "(default: %(default)s).",
     )
+    group.add_argument(
+        "--tetris-extra",
+        type=int,
+        default=AdaspecConfig.tetris_extra,
+        metavar="K",
+        help="tetris: draft tokens per request beyond its share of the verify capacity; the "
+        "capacity is (--speculative-num-steps - K) tokens per request (default: %(default)s).",
+    )
+    group.add_argument(
+        "--tetris-turn-on-batch-size",
+        type=int,
+        default=AdaspecConfig.tetris_turn_on_batch_size,
+        metavar="N",
+        help="tetris: batch-wide selection from this many running requests on; below it each "
+        "request verifies its capacity share (default: %(default)s).",
+    )
+    group.add_argument(
+        "--faser-lengths",
+        type=str,
+        default=AdaspecConfig.faser_lengths,
+        metavar="L1,L2,...",
+        help="faser: candidate speculative lengths (default: 1..--speculative-num-steps).",
+    )
+    group.add_argument(
+        "--faser-window",
+        type=int,
+        default=AdaspecConfig.faser_window,
+        metavar="N",
+        help="faser: observations per request in the sliding window (default: %(default)s).",
+    )
+    group.add_argument(
+        "--faser-early-exit",
+        action="store_true",
+        help="faser: token-wise early exit inside verification. NOT AVAILABLE in this build "
+        "(needs per-layer hooks in the target's verify forward); the flag is refused.",
+    )
+    group.add_argument(
+        "--faser-overlap",
+        action="store_true",
+        help="faser: draft/verify overlap on GPU SM partitions. NOT AVAILABLE (GPU-only, not "
+        "implemented); the flag is refused.",
+    )
+    group.add_argument(
+        "--dropin-variant",
+        type=str,
+        default=AdaspecConfig.dropin_variant,
+        metavar="{mle,fsm,cache-fsm}",
+        help="dropin: window rule (default: %(default)s).",
+    )
+    group.add_argument(
+        "--dropin-history",
+        type=int,
+        default=AdaspecConfig.dropin_history,
+        metavar="N",
+        help="dropin: verifications per request in the acceptance estimate (default: %(default)s).",
+    )
 
 
 def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
@@ -95,6 +151,14 @@ def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
                 "baseline_tpot_ms",
                 "slo_admission",
                 "admission_max_wait_ms",
+                "tetris_extra",
+                "tetris_turn_on_batch_size",
+                "faser_lengths",
+                "faser_window",
+                "faser_early_exit",
+                "faser_overlap",
+                "dropin_variant",
+                "dropin_history",
             )
         }
     )
@@ -110,10 +174,23 @@ def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
             f"{', '.join(TREE_ALGORITHMS)} (got {algorithm or 'none'})"
         )
     topk = getattr(server_args, "speculative_eagle_topk", None)
-    if config.spec_policy == "adaserve" and topk is not None and topk < 2:
+    if spec.needs_speculation and topk is not None and topk < 2:
+        # SGLang's topk=1 draft path keeps no draft probabilities, which every policy reads.
         raise ConfigError(
-            f"--spec-policy adaserve selects among tree candidates and needs "
-            f"--speculative-eagle-topk >= 2 (got {topk})"
+            f"--spec-policy {config.spec_policy} reads the draft's candidate probabilities and "
+            f"needs --speculative-eagle-topk >= 2 (got {topk}); chain policies use the most "
+            f"probable chain of the tree"
+        )
+    steps = getattr(server_args, "speculative_num_steps", None)
+    if config.spec_policy == "tetris" and steps is not None and steps <= config.tetris_extra:
+        raise ConfigError(
+            f"--tetris-extra {config.tetris_extra} leaves no verify capacity: it must be below "
+            f"--speculative-num-steps ({steps})"
+        )
+    lengths = config.faser_length_set
+    if config.spec_policy == "faser" and lengths and steps is not None and lengths[-1] > steps:
+        raise ConfigError(
+            f"--faser-lengths {config.faser_lengths} exceeds --speculative-num-steps ({steps})"
         )
 
 

@@ -41,6 +41,19 @@ class AdaspecConfig:
     slo_admission: str = "auto"
     # Aging bound of SLO-aware admission: no request waits longer for others' urgency.
     admission_max_wait_ms: float = 2000.0
+    # tetris: draft tokens per request beyond its share of the verify capacity, and the batch
+    # size from which batch-wide selection starts.
+    tetris_extra: int = 1
+    tetris_turn_on_batch_size: int = 1
+    # faser: candidate speculative lengths ("1,2,4"; None: 1..num-steps), observations kept.
+    faser_lengths: str | None = None
+    faser_window: int = 16
+    # faser's token-wise early exit and draft/verify overlap (not available, see --help).
+    faser_early_exit: bool = False
+    faser_overlap: bool = False
+    # dropin: "mle", "fsm" or "cache-fsm"; verifications in the acceptance estimate.
+    dropin_variant: str = "mle"
+    dropin_history: int = 8
 
     def __post_init__(self) -> None:
         from sgl_adaspec.speculative.policies import policy_names
@@ -75,6 +88,52 @@ class AdaspecConfig:
             raise ConfigError(
                 f"--admission-max-wait-ms must be > 0, got {self.admission_max_wait_ms}"
             )
+
+        self._check_policy_flags()
+
+    def _check_policy_flags(self) -> None:
+        for name in ("tetris_extra", "tetris_turn_on_batch_size", "faser_window", "dropin_history"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
+        if self.tetris_extra < 0:
+            raise ConfigError(f"--tetris-extra must be >= 0, got {self.tetris_extra}")
+        for name in ("tetris_turn_on_batch_size", "faser_window", "dropin_history"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        self.faser_length_set  # parses, or raises ConfigError
+        if self.faser_early_exit:
+            raise ConfigError(
+                "--faser-early-exit is not available in this build: token-wise early exit needs "
+                "per-layer hooks inside the target's verify forward, which sgl_adaspec does not "
+                "have yet"
+            )
+        if self.faser_overlap:
+            raise ConfigError(
+                "--faser-overlap is not available: overlapping draft and verify needs GPU SM "
+                "partitions (CUDA green contexts), which this build does not implement"
+            )
+        variants = ("mle", "fsm", "cache-fsm")
+        if self.dropin_variant not in variants:
+            raise ConfigError(
+                f"--dropin-variant must be one of {', '.join(variants)}, got {self.dropin_variant!r}"
+            )
+
+    @property
+    def faser_length_set(self) -> tuple[int, ...] | None:
+        """--faser-lengths as ascending distinct ints (None: the policy's default)."""
+        if self.faser_lengths is None:
+            return None
+        try:
+            lengths = tuple(sorted({int(part) for part in str(self.faser_lengths).split(",")}))
+        except ValueError:
+            raise ConfigError(
+                f"--faser-lengths must be comma-separated integers like 1,2,4, got "
+                f"{self.faser_lengths!r}"
+            ) from None
+        if not lengths or lengths[0] < 1:
+            raise ConfigError(f"--faser-lengths must be >= 1 each, got {self.faser_lengths!r}")
+        return lengths
 
     @property
     def slo_admission_active(self) -> bool:

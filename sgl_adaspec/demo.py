@@ -1,9 +1,11 @@
 """The demo: serve with `--spec-policy adaserve`, send requests with different TPOT SLOs, and
 print what each got.
 
-    python -m sgl_adaspec.demo [--keep-logs]
+    python -m sgl_adaspec.demo [--tiny] [--keep-logs]
 
-It starts a real SGLang server on 127.0.0.1 (CPU), first measures the baseline TPOT without
+It serves SmolLM2-135M-Instruct (prepared from its PyPI wheel) with the project's trained EAGLE
+draft (`models/smollm2-135m-eagle/`), or with `--tiny` the tiny random test models. It starts a
+real SGLang server on 127.0.0.1 (CPU), first measures the baseline TPOT without
 speculation, then sends one request per SLO class of `configs/slo_classes.yaml` concurrently,
 each carrying its SLO in `custom_params`, and prints per request: SLO, measured TPOT, whether it
 was met, and the speculation statistics SGLang reports (verify passes, accepted length).
@@ -20,11 +22,13 @@ from pathlib import Path
 
 import yaml
 
+from sgl_adaspec.models.smollm2 import prepare_smollm2
 from sgl_adaspec.testing.client import stream_generate
 from sgl_adaspec.testing.models import ensure_models
 from sgl_adaspec.testing.server import Server, eagle_flags
 
 REPO = Path(__file__).resolve().parent.parent
+SMOLLM2_DRAFT = REPO / "models" / "smollm2-135m-eagle"
 SLO_CONFIG = REPO / "configs" / "slo_classes.yaml"
 PROMPTS = {
     "coding": "def merge_sorted(a, b):",
@@ -74,22 +78,31 @@ def send(url: str, slo_class: str, tpot_slo_ms: float) -> Outcome:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep-logs", action="store_true", help="print the server log folder")
+    parser.add_argument("--tiny", action="store_true", help="the tiny random test models")
     args = parser.parse_args()
 
-    models = ensure_models()
+    if args.tiny:
+        models = ensure_models()
+        target, draft = models.target, models.eagle_draft
+        shape = eagle_flags(draft)
+        print(f"model: {target.name} (tiny local Llama, random weights) with EAGLE draft "
+              f"{draft.name}; steps 3, topk 2, 6 draft tokens; device cpu")
+    else:
+        target, draft = prepare_smollm2(), SMOLLM2_DRAFT
+        shape = eagle_flags(draft, steps=4, topk=2, num_draft_tokens=8)
+        print(f"model: {target.name} with the project's EAGLE draft {draft.name}; steps 4, "
+              f"topk 2, 8 draft tokens; device cpu")
     logs = Path(tempfile.mkdtemp(prefix="sgl_adaspec_demo_"))
-    print(f"model: {models.target.name} (tiny local Llama, random weights) with EAGLE draft "
-          f"{models.eagle_draft.name}; steps 3, topk 2, 6 draft tokens; device cpu")
     print("starting the baseline server (no speculation) to measure the baseline TPOT ...")
-    with Server(models.target, log_path=logs / "baseline.log") as baseline:
+    with Server(target, log_path=logs / "baseline.log") as baseline:
         timing = stream_generate(baseline.url, PROMPTS["coding"], MAX_NEW_TOKENS)
     baseline_tpot_ms = timing.tpot_ms
     slos = class_slos_ms(baseline_tpot_ms)
     print(f"baseline TPOT {baseline_tpot_ms:.2f} ms")
 
     print("starting the server with --spec-policy adaserve ...")
-    flags = (*eagle_flags(models.eagle_draft), "--spec-policy", "adaserve")
-    with Server(models.target, extra_args=flags, log_path=logs / "adaserve.log") as server:
+    flags = (*shape, "--spec-policy", "adaserve")
+    with Server(target, extra_args=flags, log_path=logs / "adaserve.log") as server:
         with concurrent.futures.ThreadPoolExecutor(len(slos)) as pool:
             outcomes = list(pool.map(lambda item: send(server.url, *item), slos.items()))
 

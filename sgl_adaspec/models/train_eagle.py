@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 from torch.nn import functional as F
 
 from sgl_adaspec.models.eagle_data import (
@@ -47,7 +48,7 @@ from sgl_adaspec.models.eagle_data import (
     sharegpt_json,
     spec_bench_split,
 )
-from sgl_adaspec.models.eagle_draft import DraftShape, EagleDraft, export_draft
+from sgl_adaspec.models.eagle_draft import WEIGHTS_FILE, DraftShape, EagleDraft, export_draft
 from sgl_adaspec.models.smollm2 import prepare_smollm2
 from sgl_adaspec.testing.models import default_cache_dir
 
@@ -390,6 +391,18 @@ def run(args) -> int:
         opt.load_state_dict(ckpt["opt"])
         state = ckpt["state"]
         log(f"resumed at step {state['step']} ({state['tokens_seen']} tokens seen)")
+    elif args.export and (args.export / WEIGHTS_FILE).exists():
+        # A fresh machine: continue from the committed draft (weights only; the optimizer
+        # restarts, the step count and curve carry on from its training summary).
+        model.load_checkpoint_state(load_file(str(args.export / WEIGHTS_FILE)))
+        summary = args.export / "training_summary.json"
+        if summary.exists():
+            done = json.loads(summary.read_text())
+            state.update(step=done["step"], tokens_seen=done["tokens_seen"],
+                         best_top1=done["top1_step1"])  # fmt: skip
+            if (args.export / "learning_curve.jsonl").exists() and not (work / "curve.jsonl").exists():
+                shutil.copyfile(args.export / "learning_curve.jsonl", work / "curve.jsonl")
+        log(f"warm start from {args.export} at step {state['step']}")
     rng = random.Random()
     rng.setstate(state["rng"])
     curve = work / "curve.jsonl"

@@ -194,12 +194,13 @@ def _decode_iteration(
     def draft(depth: int, width: int):
         return draft_trees(acceptance, rng, alpha[running], beta[running], depth, width)
 
-    decision = policy.decide(slo, draft)
+    context_lens = workload.prompt_tokens[running] + tokens[running]
+    decision = policy.decide(slo, draft, tuple(str(i) for i in running), context_lens)
     if decision.trees is None:
         accepted = np.zeros(running.size, dtype=np.int64)
     else:
         accepted = accept_walk(decision.trees, decision.selected, rng)
-    context = int((workload.prompt_tokens[running] + tokens[running]).sum())
+    context = int(context_lens.sum())
     draft_ms = sum(latency.draft_step_ms(t, context) for t in decision.draft_forward_tokens)
     verified = int(decision.verified.sum())
     verify_ms = latency.verify_ms(verified, context)

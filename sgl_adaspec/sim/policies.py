@@ -23,11 +23,16 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol
 
 import numpy as np
+import torch
+
+from sgl_adaspec.config import AdaspecConfig
 
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.sim.trees import SampledTrees
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, tree_shape
+from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
+from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase
 from sgl_adaspec.speculative.selection import select_static
 
 # draft(depth, width) -> the batch's sampled candidate trees of that beam shape.
@@ -55,7 +60,10 @@ class SimPolicy(Protocol):
     name: str
     speculates: bool  # pays a draft prefill and draft steps
 
-    def decide(self, slo: SloBatch, draft: Drafter) -> Decision: ...
+    def decide(
+        self, slo: SloBatch, draft: Drafter, rids: tuple[str, ...], context_lens: np.ndarray
+    ) -> Decision:
+        """rids [B]: stable request ids; context_lens [B]: tokens in each request's KV."""
 
     def observe(
         self, decision: Decision, accepted: np.ndarray, latency_ms: float, verify_ms: float
@@ -78,7 +86,7 @@ class NoSpeculation:
     name: str = "none"
     speculates: bool = False
 
-    def decide(self, slo: SloBatch, draft: Drafter) -> Decision:
+    def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
         return _plain(slo.num_requests)
 
     def observe(self, decision, accepted, latency_ms, verify_ms) -> None:
@@ -93,7 +101,7 @@ class StaticTree:
     name: str = "static"
     speculates: bool = True
 
-    def decide(self, slo: SloBatch, draft: Drafter) -> Decision:
+    def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
         trees = draft(self.depth, self.width)
         selection = select_static(trees.candidates(), self.num_draft_tokens - 1)
         return Decision(
@@ -167,7 +175,7 @@ class AdaptiveSteps:
         key = max([k for k in self._keys if k <= num_requests], default=self._keys[0])
         return self._state[key]
 
-    def decide(self, slo: SloBatch, draft: Drafter) -> Decision:
+    def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
         num_requests = slo.num_requests
         steps = self.tier(num_requests).steps
         if steps == 0:
@@ -217,7 +225,7 @@ class Adaserve:
     def __post_init__(self) -> None:
         self.policy = AdaservePolicy(self.config)
 
-    def decide(self, slo: SloBatch, draft: Drafter) -> Decision:
+    def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
         num_requests = slo.num_requests
         tree = self.config.tree
         if self.draft_shape == "planned":
@@ -248,7 +256,51 @@ class Adaserve:
         )
 
 
-POLICY_NAMES = ("none", "static", "sglang-adaptive", "adaserve")
+@dataclass
+class ServerPolicy:
+    """Any server policy (`speculative/policies`) deciding on the draft shape the server is
+    configured with, exactly as the SGLang adapter drives it (decide, then observe)."""
+
+    policy: PolicyBase
+    name: str
+    depth: int = 5
+    width: int = 4
+    speculates: bool = True
+
+    def decide(
+        self, slo: SloBatch, draft: Drafter, rids: tuple[str, ...], context_lens: np.ndarray
+    ) -> Decision:
+        trees = draft(self.depth, self.width)
+        it = IterationInput(
+            trees.candidates(), slo, rids, torch.from_numpy(context_lens), self.depth, self.width
+        )
+        decision = self.policy.decide(it)
+        self._batch = (rids, int(context_lens.sum()))
+        return Decision(
+            _beam_forwards(slo.num_requests, self.depth, self.width),
+            trees,
+            decision.selection.mask.numpy(),
+            decision.selection.num_tokens.numpy(),
+            decision.depth,
+            decision.width,
+            decision.budget,
+        )
+
+    def observe(self, decision, accepted, latency_ms, verify_ms) -> None:
+        rids, context = self._batch
+        verified = torch.from_numpy(decision.verified)
+        committed = torch.from_numpy(accepted + 1)
+        self.policy.observe_verify(verify_ms, int(verified.sum()), context)
+        self.policy.observe_outcome(rids, verified, committed)
+        self.policy.observe_iteration(latency_ms, self.depth)
+        self.policy.stats.observe_iteration(
+            verified.tolist(), committed.tolist(), decision.budget, decision.depth, decision.width
+        )
+
+
+# The other seed systems, run through `ServerPolicy`.
+SERVER_POLICY_NAMES = ("adaspec", "tetris", "faser", "dropin")
+POLICY_NAMES = ("none", "static", "sglang-adaptive", "adaserve") + SERVER_POLICY_NAMES
 # Not in the default sweep: adaserve whose draft always runs the configured maximum shape
 # (D_max x W_max) and only selection adapts, as the server does today.
 EXTRA_POLICY_NAMES = ("adaserve-full-draft",)
@@ -273,6 +325,9 @@ def make_policy(name: str, budget: int, baseline_tpot_ms: float) -> SimPolicy:
         return AdaptiveSteps()
     if name == "adaserve":
         return Adaserve(adaserve_config(budget, baseline_tpot_ms))
+    if name in SERVER_POLICY_NAMES:
+        policy = build_policy(AdaspecConfig(spec_policy=name, baseline_tpot_ms=baseline_tpot_ms))
+        return ServerPolicy(policy, name)
     if name == "adaserve-full-draft":
         return Adaserve(adaserve_config(budget, baseline_tpot_ms), "configured", name)
     names = ", ".join(POLICY_NAMES + EXTRA_POLICY_NAMES)

@@ -35,8 +35,8 @@ from sgl_adaspec.scheduler.sglang_adapter import request_slo
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
-from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
-from sgl_adaspec.speculative.stats import SpecStats
+from sgl_adaspec.speculative.policies import build_policy
+from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase
 
 logger = logging.getLogger(__name__)
 
@@ -70,46 +70,51 @@ def iteration_scope():
 @dataclass
 class RequestState:
     """Per-request SLO bookkeeping, attached to SGLang's Req (it lives as long as the request).
-    `stats` is the process's statistics, where the request reports itself when it finishes."""
+    `policy` is the process's policy: the request reports itself to its statistics when it
+    finishes, and the policy forgets its per-request state."""
 
     slo: RequestSlo
     decode_start_s: float
     tokens_at_start: int
-    stats: SpecStats
+    policy: PolicyBase
     reported: bool = False
     # Set once its SLO was found unreachable even alone; it is then served best effort.
     infeasible: bool = False
+
+    @property
+    def stats(self):
+        return self.policy.stats
 
     def tpot_ms(self, tokens_out: int, now_s: float) -> float | None:
         decoded = tokens_out - self.tokens_at_start
         return 1000 * (now_s - self.decode_start_s) / decoded if decoded > 0 else None
 
 
-def _policy_of(worker) -> AdaservePolicy | None:
+def _policy_of(worker) -> PolicyBase | None:
     """The worker's policy, built on first use (at worker start-up, see `worker_started`)."""
     if hasattr(worker, "_adaspec_policy"):
         return worker._adaspec_policy
     config = AdaspecConfig.from_env()
-    policy = None
-    if config.spec_policy == "adaserve":
-        budget, profile = config.adaserve_budget, None
-        if budget is None:
-            profile = profile_verify_cost(worker)
-            budget = knee_budget(profile) if profile is not None else None
-        policy = AdaservePolicy(
-            AdaserveConfig(
-                budget=budget,
-                max_nodes_per_request=config.adaserve_max_nodes_per_request,
-                baseline_tpot_ms=config.baseline_tpot_ms,
+    policy, profile = None, None
+    if config.spec_policy != "static":
+        # Every policy gets the verify cost profile: it seeds the latency model they plan with,
+        # and adaserve takes its budget at the profile's knee unless --adaserve-budget is set.
+        profile = profile_verify_cost(worker)
+        budget = knee_budget(profile) if profile is not None else None
+        policy = build_policy(config, budget)
+        if profile is not None:
+            # The dummy verify forward runs at a short context; seed with context 0.
+            policy.verify_latency.seed(
+                [((tokens, 0), ms) for tokens, ms in zip(profile.tokens, profile.latency_ms)]
             )
-        )
         policy.stats.cost_profile = profile.as_dict() if profile is not None else None
         if metrics_enabled():
             policy.stats.sinks.append(PrometheusSink())
         logger.info(
-            "sgl_adaspec: adaserve policy: %s; verify cost profile %s",
-            policy.config,
-            policy.stats.cost_profile or "not run (budget given)",
+            "sgl_adaspec: %s policy: %s; verify cost profile %s",
+            config.spec_policy,
+            getattr(policy, "config", policy),
+            policy.stats.cost_profile or "not available",
         )
     worker._adaspec_policy = policy
     return policy
@@ -140,7 +145,7 @@ def profile_verify_cost(worker, repeats: int = 3) -> VerifyCostProfile | None:
             latency.append(sorted(runs)[len(runs) // 2])
         return VerifyCostProfile(tuple(bs * ntok for bs in sizes), tuple(latency))
     except Exception:  # a profiling failure must not stop the server: no budget instead
-        logger.exception("sgl_adaspec: verify cost profiling failed; adaserve runs without a budget")
+        logger.exception("sgl_adaspec: verify cost profiling failed; policies run without it")
         return None
 
 
@@ -164,7 +169,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     with iteration_scope():
         result = original(worker, batch, *args, **kwargs)
     if not batch.forward_mode.is_idle():
-        policy.observe_iteration(1000 * (time.perf_counter() - start))
+        policy.observe_iteration(1000 * (time.perf_counter() - start), worker.speculative_num_steps)
     return result
 
 
@@ -181,7 +186,7 @@ def organize_draft_results(original: Callable, score_list, token_list, parents_l
 
 
 def verify(original: Callable, worker, batch, *args, **kwargs):
-    """AROUND `EAGLEWorkerV2.verify`: select, prune the tree, verify, report."""
+    """AROUND `EAGLEWorkerV2.verify`: decide, prune the tree, verify, report."""
     policy = _policy_of(worker)
     scope = _ITERATION.get()
     if (
@@ -193,34 +198,62 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         return original(worker, batch, *args, **kwargs)
     verify_input = batch.spec_info
     try:
-        cands = candidates_from_verify_input(verify_input, scope.path_prob)
-        slo = slo_batch(batch.reqs, policy.stats, policy.baseline_tpot_ms())
-        selection, _required, plan = policy.select(cands, slo)
-        for req, hopeless in zip(batch.reqs, policy.infeasible(slo, plan).tolist()):
+        it = iteration_input(worker, batch, policy, scope.path_prob)
+        decision = policy.decide(it)
+        for req, hopeless in zip(batch.reqs, decision.infeasible.tolist()):
             req._adaspec_state.infeasible |= hopeless
     except Exception:  # the policy must never take the server down: verify the full tree
-        logger.exception("sgl_adaspec: adaserve selection failed; verifying the full tree")
+        logger.exception("sgl_adaspec: policy decision failed; verifying the full tree")
         return original(worker, batch, *args, **kwargs)
+    selection = decision.selection
     keep = torch.ones(
-        (cands.num_requests, cands.num_nodes + 1), dtype=torch.bool, device=cands.tokens.device
+        (it.cands.num_requests, it.cands.num_nodes + 1),
+        dtype=torch.bool,
+        device=it.cands.tokens.device,
     )
     keep[:, 1:] = selection.mask
     prune_tree(verify_input, keep)
     verify_input.adaspec_keep = keep
     start = time.perf_counter()
     result = original(worker, batch, *args, **kwargs)
-    policy.observe_verify(1000 * (time.perf_counter() - start))
-    verified = (selection.counts + 1).tolist()  # roots included
+    verified = selection.counts + 1  # [B] roots included
+    policy.observe_verify(
+        1000 * (time.perf_counter() - start), int(verified.sum()), int(it.context_lens.sum())
+    )
     if result.accept_lens is not None:
+        accepted = result.accept_lens.detach().cpu().long()
+        policy.observe_outcome(it.rids, verified, accepted)
         policy.stats.observe_iteration(
-            verified, result.accept_lens.tolist(), plan.budget, plan.depth, plan.width
+            verified.tolist(), accepted.tolist(), decision.budget, decision.depth, decision.width
         )
     logits_output = result.logits_output
     if logits_output is not None:
         info = logits_output.customized_info or {}
-        info[VERIFIED_TOKENS_KEY] = verified
+        info[VERIFIED_TOKENS_KEY] = verified.tolist()
         logits_output.customized_info = info
     return result
+
+
+def iteration_input(worker, batch, policy: PolicyBase, path_prob: torch.Tensor) -> IterationInput:
+    """What the policy sees of this iteration (see `IterationInput`)."""
+    reqs = batch.reqs
+    cands = candidates_from_verify_input(batch.spec_info, path_prob)
+    slo = slo_batch(reqs, policy, policy.baseline_tpot_ms())
+    return IterationInput(
+        cands=cands,
+        slo=slo,
+        rids=tuple(req.rid for req in reqs),
+        context_lens=torch.tensor(
+            [len(req.origin_input_ids) + len(req.output_ids) for req in reqs], dtype=torch.long
+        ),
+        draft_steps=worker.speculative_num_steps,
+        draft_topk=worker.topk,
+        history=(
+            tuple(list(req.origin_input_ids) + list(req.output_ids) for req in reqs)
+            if policy.needs_history
+            else None
+        ),
+    )
 
 
 def target_forward(original: Callable, worker, batch=None, forward_batch=None, *args, **kwargs):
@@ -310,7 +343,7 @@ def prune_tree(verify_input, keep: torch.Tensor) -> None:
     verify_input.retrieve_next_sibling.copy_(next_sib.to(next_token.device))
 
 
-def slo_batch(reqs, stats: SpecStats, baseline_tpot_ms: float | None) -> SloBatch:
+def slo_batch(reqs, policy: PolicyBase, baseline_tpot_ms: float | None) -> SloBatch:
     """The running requests' SLO state; a request's clock starts at its first decode iteration.
     Classes relative to the baseline TPOT resolve with `baseline_tpot_ms` (best effort while
     it is unknown)."""
@@ -319,7 +352,7 @@ def slo_batch(reqs, stats: SpecStats, baseline_tpot_ms: float | None) -> SloBatc
     for req in reqs:
         state = getattr(req, "_adaspec_state", None)
         if state is None:
-            state = RequestState(request_slo(req), now, len(req.output_ids), stats)
+            state = RequestState(request_slo(req), now, len(req.output_ids), policy)
             req._adaspec_state = state
         target_ms = state.slo.resolve_ms(baseline_tpot_ms)
         tpot.append(target_ms if target_ms is not None else math.nan)
@@ -338,6 +371,7 @@ def request_finished(_result, req, *args, **kwargs) -> None:
     if state is None or state.reported or not req.finished():
         return
     state.reported = True
+    state.policy.forget(req.rid)
     tpot_ms = state.tpot_ms(len(req.output_ids), time.perf_counter())
     if tpot_ms is not None:
         target_ms = state.slo.resolve_ms(state.stats.baseline_tpot_ms)

@@ -29,6 +29,29 @@ POLICIES: dict[str, PolicySpec] = {
             needs_speculation=True,
             slo_admission_by_default=True,
         ),
+        PolicySpec(
+            "adaspec",
+            "AdaSpec: per-request draft lengths from a fitted latency model and draft confidence, "
+            "tail tokens dropped while estimated goodput improves, each request's TPOT SLO checked",
+            needs_speculation=True,
+        ),
+        PolicySpec(
+            "tetris",
+            "TETRIS: the batch-wide most probable draft tokens up to a verify capacity, with extra "
+            "draft tokens per request",
+            needs_speculation=True,
+        ),
+        PolicySpec(
+            "faser",
+            "FASER: per-request speculative length minimizing cost per committed token (GP-LCB)",
+            needs_speculation=True,
+        ),
+        PolicySpec(
+            "dropin",
+            "drop-in adaptation: per-request window from an MLE acceptance estimate (or FSM / "
+            "cache-FSM variants)",
+            needs_speculation=True,
+        ),
     )
 }
 
@@ -45,3 +68,57 @@ def get_policy_spec(name: str) -> PolicySpec:
         return POLICIES[name]
     except KeyError:
         raise KeyError(f"unknown spec policy {name!r}; choose one of: {', '.join(POLICIES)}")
+
+
+def build_policy(config, budget: int | None = None):
+    """The policy object `config.spec_policy` names (None for `static`), with the plugin flags
+    applied. `budget`: adaserve's verify budget when the flag left it to the start-up profile."""
+    name = config.spec_policy
+    common = {"baseline_tpot_ms": config.baseline_tpot_ms}
+    if name == "static":
+        return None
+    if name == "adaserve":
+        from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
+
+        return AdaservePolicy(
+            AdaserveConfig(
+                budget=budget if config.adaserve_budget is None else config.adaserve_budget,
+                max_nodes_per_request=config.adaserve_max_nodes_per_request,
+                **common,
+            )
+        )
+    if name == "adaspec":
+        from sgl_adaspec.speculative.policies.adaspec import AdaspecPolicy, AdaspecPolicyConfig
+
+        return AdaspecPolicy(AdaspecPolicyConfig(**common))
+    if name == "tetris":
+        from sgl_adaspec.speculative.policies.tetris import TetrisConfig, TetrisPolicy
+
+        return TetrisPolicy(
+            TetrisConfig(
+                extra=config.tetris_extra,
+                turn_on_batch_size=config.tetris_turn_on_batch_size,
+                **common,
+            )
+        )
+    if name == "faser":
+        from sgl_adaspec.speculative.policies.faser import FaserConfig, FaserPolicy
+
+        return FaserPolicy(
+            FaserConfig(lengths=config.faser_length_set, window=config.faser_window, **common)
+        )
+    if name == "dropin":
+        from sgl_adaspec.speculative.policies.dropin import (
+            DropinConfig,
+            DropinPolicy,
+            DropinVariant,
+        )
+
+        return DropinPolicy(
+            DropinConfig(
+                variant=DropinVariant(config.dropin_variant),
+                history=config.dropin_history,
+                **common,
+            )
+        )
+    raise KeyError(f"no policy implementation for {name!r}")

@@ -14,8 +14,9 @@ import torch
 from sgl_adaspec.scheduler.slo import SloBatch, required_tokens
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, tree_shape
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.policies.base import Decision, IterationInput, PolicyBase
 from sgl_adaspec.speculative.selection import Selection, select_adaserve
-from sgl_adaspec.speculative.stats import SpecStats
+from sgl_adaspec.speculative.shapes import restrict_to_shape
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,13 @@ class Plan:
 
 
 @dataclass
-class AdaservePolicy:
+class AdaservePolicy(PolicyBase):
     config: AdaserveConfig = field(default_factory=AdaserveConfig)
-    # Expected latency of one speculative iteration (draft + verify), ms; None until measured.
-    t_spec_ms: float | None = None
-    stats: SpecStats = field(default_factory=SpecStats)
+
+    def __post_init__(self) -> None:
+        self.latency_smoothing = self.config.latency_smoothing
+        self.baseline_tpot_ms_config = self.config.baseline_tpot_ms
+        super().__post_init__()
 
     def plan(self, cands: Candidates) -> Plan:
         depth, width = tree_shape(cands.num_requests, self.config.tree)
@@ -79,12 +82,11 @@ class AdaservePolicy:
         )
         return selection, required, plan
 
-    # Smoothed latency of the target's verify pass, ms (the online baseline TPOT estimate).
-    verify_ms: float | None = None
-
-    def _smooth(self, old: float | None, new: float) -> float:
-        alpha = self.config.latency_smoothing
-        return new if old is None else (1 - alpha) * old + alpha * new
+    def decide(self, it: IterationInput) -> Decision:
+        selection, _required, plan = self.select(it.cands, it.slo)
+        return Decision(
+            selection, plan.depth, plan.width, plan.budget, self.infeasible(it.slo, plan)
+        )
 
     def infeasible(self, slo: SloBatch, plan: Plan) -> torch.Tensor:
         """[B] bool: requests whose TPOT SLO cannot be met even alone, i.e. even if every
@@ -95,41 +97,3 @@ class AdaservePolicy:
             return torch.zeros_like(slo.has_slo)
         best_tpot_ms = self.t_spec_ms / (plan.depth + 1)
         return slo.has_slo & (slo.tpot_slo_ms < best_tpot_ms)
-
-    def observe_iteration(self, latency_ms: float) -> None:
-        self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
-        self.stats.t_spec_ms = self.t_spec_ms
-
-    def observe_verify(self, latency_ms: float) -> None:
-        self.verify_ms = self._smooth(self.verify_ms, latency_ms)
-        self.stats.baseline_tpot_ms = self.baseline_tpot_ms()
-
-    def baseline_tpot_ms(self) -> float | None:
-        if self.config.baseline_tpot_ms is not None:
-            return self.config.baseline_tpot_ms
-        return self.verify_ms
-
-
-def restrict_to_shape(cands: Candidates, depth: int, width: int) -> Candidates:
-    """The candidates a beam search of depth `depth` and width `width` would have kept: at each
-    level the `width` nodes of highest f (ties: lower node index) among the children of the
-    nodes kept one level up. Returns the same trees with `valid` narrowed [B, N]."""
-    node_depth = cands.depth  # [B, N], 1 = child of the root
-    valid = cands.valid & (node_depth <= depth)
-    kept = torch.zeros_like(valid)
-    index = torch.arange(cands.num_nodes, device=valid.device)
-    for level in range(1, depth + 1):
-        parent_kept = torch.where(
-            cands.parents >= 0,
-            torch.gather(kept, 1, cands.parents.clamp(min=0)),
-            torch.ones_like(kept),
-        )
-        at_level = valid & (node_depth == level) & parent_kept  # [B, N]
-        if not bool(at_level.any()):
-            break
-        key = torch.where(at_level, cands.path_prob, -1.0)
-        # Stable descending sort: equal f keep node-index order.
-        order = torch.sort(key, dim=1, descending=True, stable=True).indices
-        rank = torch.empty_like(order).scatter_(1, order, index.expand_as(order))
-        kept |= at_level & (rank < width)
-    return Candidates(cands.tokens, cands.parents, cands.path_prob, kept)

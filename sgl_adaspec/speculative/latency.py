@@ -1,0 +1,71 @@
+"""Online linear latency model: latency_ms ~ w . features + intercept, fitted by least squares
+over a sliding window of observations (AdaSpec eq. 2's form, T = alpha N_c + gamma N_b + delta).
+
+Seeded from a start-up profile and refitted as the server runs, so the model tracks the
+hardware it runs on. Until two distinct observations exist the prediction is the mean latency.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class LinearLatency:
+    """num_features: length of each feature tuple; window: observations kept; ridge: small L2
+    penalty (on the slopes, not the intercept) so a window of near-identical points stays
+    solvable. Slopes are clamped at >= 0: more tokens never make a forward pass faster."""
+
+    num_features: int
+    window: int = 256
+    ridge: float = 1e-3
+    _rows: deque = field(default_factory=deque, repr=False)
+    _coef: torch.Tensor | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.num_features < 1 or self.window < 2:
+            raise ValueError("LinearLatency needs num_features >= 1 and window >= 2")
+        self._rows = deque(maxlen=self.window)
+
+    def observe(self, features: tuple[float, ...], latency_ms: float) -> None:
+        if len(features) != self.num_features:
+            raise ValueError(f"expected {self.num_features} features, got {len(features)}")
+        self._rows.append((*map(float, features), float(latency_ms)))
+        self._coef = None
+
+    def seed(self, points: list[tuple[tuple[float, ...], float]]) -> None:
+        for features, latency in points:
+            self.observe(features, latency)
+
+    @property
+    def num_observations(self) -> int:
+        return len(self._rows)
+
+    def coefficients(self) -> torch.Tensor | None:
+        """[num_features + 1] float64: slopes then intercept (None before any observation)."""
+        if not self._rows:
+            return None
+        if self._coef is None:
+            data = torch.tensor(list(self._rows), dtype=torch.float64)  # [M, F + 1]
+            x, y = data[:, :-1], data[:, -1]
+            scale = x.abs().amax(dim=0).clamp(min=1.0)  # [F]: condition the normal equations
+            xs = torch.cat([x / scale, torch.ones_like(y).unsqueeze(1)], dim=1)  # [M, F + 1]
+            penalty = torch.full((self.num_features + 1,), self.ridge, dtype=torch.float64)
+            penalty[-1] = 0.0
+            gram = xs.T @ xs + torch.diag(penalty) * len(y)
+            coef = torch.linalg.lstsq(gram, xs.T @ y.unsqueeze(1)).solution.squeeze(1)
+            slopes = (coef[:-1] / scale).clamp(min=0.0)
+            # Refit the intercept for the clamped slopes so the mean is still matched.
+            intercept = (y - x @ slopes).mean()
+            self._coef = torch.cat([slopes, intercept.unsqueeze(0)])
+        return self._coef
+
+    def predict(self, features: tuple[float, ...]) -> float | None:
+        coef = self.coefficients()
+        if coef is None:
+            return None
+        x = torch.tensor([*map(float, features), 1.0], dtype=torch.float64)
+        return max(float(x @ coef), 0.0)

@@ -1,0 +1,152 @@
+"""What every speculation policy is to the SGLang adapter (`speculative/worker.py`).
+
+One speculative iteration, as the adapter drives it:
+1. SGLang's EAGLE draft builds each request's candidate tree (`Candidates`, depth up to
+   `--speculative-num-steps`, width up to `--speculative-eagle-topk`);
+2. `policy.decide(IterationInput)` -> `Decision`: which candidates each request verifies
+   (a `Selection`, closed under parent) and the shape it followed, for the metrics;
+3. the target verifies the selected nodes; the adapter reports back with `observe_verify`
+   (verify-pass latency and its size), `observe_outcome` (what each request verified and
+   accepted) and `observe_iteration` (wall time of the whole iteration, draft included);
+4. a finished request is `forget`-ed so per-request state never outlives it.
+
+Policies are pure (tensors and dataclasses, no SGLang) and keep their own state across
+iterations. `PolicyBase` holds what all share: smoothed latencies, the baseline TPOT, the
+statistics object, and the latency models fitted from what the adapter observes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.latency import LinearLatency
+from sgl_adaspec.speculative.selection import Selection
+from sgl_adaspec.speculative.stats import SpecStats
+
+
+@dataclass(frozen=True)
+class IterationInput:
+    """What a policy sees of one iteration (B running requests, N candidates each).
+    - cands: the draft's candidate trees;
+    - slo: the requests' SLO state (TPOT SLO, decode time and tokens so far);
+    - rids: the requests' ids, [B] strings, stable across iterations (per-request state key);
+    - context_lens [B] int64: tokens each request holds in the KV cache (prompt + output);
+    - draft_steps / draft_topk: the draft's configured depth and width (SGLang's
+      --speculative-num-steps / --speculative-eagle-topk);
+    - history: each request's tokens so far (prompt + output), only for policies that set
+      `needs_history` (building it costs a copy per request per iteration); else None."""
+
+    cands: Candidates
+    slo: SloBatch
+    rids: tuple[str, ...]
+    context_lens: torch.Tensor
+    draft_steps: int
+    draft_topk: int
+    history: tuple[list[int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        bsz = self.cands.num_requests
+        if len(self.rids) != bsz or self.context_lens.shape != (bsz,):
+            raise ValueError(
+                f"IterationInput: {bsz} requests but {len(self.rids)} rids and context_lens of "
+                f"shape {tuple(self.context_lens.shape)}"
+            )
+        if self.slo.tpot_slo_ms.shape != (bsz,):
+            raise ValueError(f"IterationInput: slo is for {self.slo.tpot_slo_ms.shape[0]} requests, not {bsz}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's answer for one iteration.
+    - selection: the candidate nodes each request verifies (roots implicit);
+    - depth / width: the tree shape the policy used (deepest level allowed, beam width), and
+      budget: the verified-token cap it applied (roots included) -- all for the metrics;
+    - infeasible [B] bool: requests whose SLO the policy found unreachable and serves best
+      effort (counted in the statistics)."""
+
+    selection: Selection
+    depth: int
+    width: int
+    budget: int
+    infeasible: torch.Tensor
+
+
+@dataclass(kw_only=True)
+class PolicyBase:
+    """Shared state. Subclasses implement `decide` and may extend the `observe_*` methods
+    (calling super) and `forget`.
+
+    - latency_smoothing: weight of the newest measurement in the moving averages;
+    - baseline_tpot_ms_config: TPOT without speculation if given (else estimated online as the
+      smoothed verify-pass latency: one target forward, like a plain decode step)."""
+
+    # Whether `decide` reads IterationInput.history (see there).
+    needs_history = False
+
+    latency_smoothing: float = 0.3
+    baseline_tpot_ms_config: float | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    # Smoothed wall time of a whole iteration (draft + verify) and of the verify pass, ms.
+    t_spec_ms: float | None = None
+    verify_ms: float | None = None
+    # Verify-pass latency vs (verified tokens, context tokens); draft latency per draft step.
+    verify_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
+    draft_step_ms: float | None = None
+    _last_verify_ms: float | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.latency_smoothing <= 1:
+            raise ValueError(f"latency_smoothing must be in (0, 1], got {self.latency_smoothing}")
+
+    def decide(self, it: IterationInput) -> Decision:
+        raise NotImplementedError
+
+    def _smooth(self, old: float | None, new: float) -> float:
+        alpha = self.latency_smoothing
+        return new if old is None else (1 - alpha) * old + alpha * new
+
+    def observe_verify(
+        self, latency_ms: float, verified_tokens: int = 0, context_tokens: int = 0
+    ) -> None:
+        self.verify_ms = self._smooth(self.verify_ms, latency_ms)
+        self._last_verify_ms = latency_ms
+        if verified_tokens > 0:
+            self.verify_latency.observe((verified_tokens, context_tokens), latency_ms)
+        self.stats.baseline_tpot_ms = self.baseline_tpot_ms()
+
+    def observe_iteration(self, latency_ms: float, draft_steps: int = 0) -> None:
+        """Wall time of one iteration; with the verify pass just observed, what remains is the
+        draft's share, `draft_steps` steps of it."""
+        self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
+        self.stats.t_spec_ms = self.t_spec_ms
+        if draft_steps > 0 and self._last_verify_ms is not None:
+            per_step = max(latency_ms - self._last_verify_ms, 0.0) / draft_steps
+            self.draft_step_ms = self._smooth(self.draft_step_ms, per_step)
+        self._last_verify_ms = None
+
+    def observe_outcome(
+        self, rids: tuple[str, ...], verified: torch.Tensor, accepted: torch.Tensor
+    ) -> None:
+        """verified [B]: tokens each request verified, root included; accepted [B]: tokens it
+        committed, the bonus token included (SGLang's accept length)."""
+
+    def forget(self, rid: str) -> None:
+        """Drop per-request state of a finished request."""
+
+    def baseline_tpot_ms(self) -> float | None:
+        if self.baseline_tpot_ms_config is not None:
+            return self.baseline_tpot_ms_config
+        return self.verify_ms
+
+    def predict_verify_ms(self, verified_tokens: float, context_tokens: float) -> float | None:
+        """Verify-pass latency for a batch of that size, from the fitted model (None before
+        the first observation)."""
+        return self.verify_latency.predict((verified_tokens, context_tokens))
+
+
+def no_infeasible(it: IterationInput) -> torch.Tensor:
+    return torch.zeros(it.cands.num_requests, dtype=torch.bool)

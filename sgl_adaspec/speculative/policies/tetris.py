@@ -1,0 +1,102 @@
+"""The tetris policy (TETRIS, seed 002): batch-wide choice of which draft chain tokens to verify.
+
+Each request drafts a chain: its most probable path through the EAGLE tree (width 1), up to
+k + extra tokens deep, where k = draft_steps - extra is its share of the verify capacity.
+The capacity is C = B * k draft tokens per verify pass (plus the B roots, which are always
+verified). TETRIS Algorithm 1 fills C with a heap that repeatedly extends the request whose
+next chain token has the highest cumulative acceptance prod_{t<=j} p_{i,t} = f; since f never
+increases along a chain, that equals the batch-wide top-C chain nodes by f, each request's
+share being a prefix of its chain. So "easy" requests verify longer windows (up to k + extra)
+and "hard" ones shorter (down to 0), at the same total cost as every request verifying k.
+
+Pure (tensors and dataclasses, no SGLang), like `adaserve.py`. Dims and terms as in
+`speculative/candidates.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sgl_adaspec.speculative.policies.base import (
+    Decision,
+    IterationInput,
+    PolicyBase,
+    no_infeasible,
+)
+from sgl_adaspec.speculative.selection import select_adaserve
+from sgl_adaspec.speculative.shapes import restrict_to_shape, selection_from_mask
+
+
+@dataclass(frozen=True)
+class TetrisConfig:
+    """- extra: draft tokens per request beyond its capacity share k (`--tetris-extra`); the
+      chain is drafted draft_steps = k + extra deep, so k = draft_steps - extra;
+    - turn_on_batch_size: batch-wide selection only with at least this many running requests
+      (`--tetris-turn-on-batch-size`); below it every request verifies its first k chain
+      tokens (standard batched speculative decoding);
+    - latency_smoothing: weight of the newest measurement in the latency moving averages;
+    - baseline_tpot_ms: TPOT without speculation; None: estimated online (see `PolicyBase`)."""
+
+    extra: int = 1
+    turn_on_batch_size: int = 1
+    latency_smoothing: float = 0.3
+    baseline_tpot_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.extra, int) or self.extra < 0:
+            raise ValueError(
+                f"tetris extra (--tetris-extra) must be an int >= 0, got {self.extra!r}"
+            )
+        if not isinstance(self.turn_on_batch_size, int) or self.turn_on_batch_size < 1:
+            raise ValueError(
+                f"tetris turn_on_batch_size (--tetris-turn-on-batch-size) must be an int >= 1, "
+                f"got {self.turn_on_batch_size!r}"
+            )
+        if not 0 < self.latency_smoothing <= 1:
+            raise ValueError(f"latency_smoothing must be in (0, 1], got {self.latency_smoothing}")
+        if self.baseline_tpot_ms is not None and not self.baseline_tpot_ms > 0:
+            raise ValueError(f"baseline_tpot_ms must be > 0, got {self.baseline_tpot_ms}")
+
+
+@dataclass
+class TetrisPolicy(PolicyBase):
+    config: TetrisConfig = field(default_factory=TetrisConfig)
+
+    def __post_init__(self) -> None:
+        self.latency_smoothing = self.config.latency_smoothing
+        self.baseline_tpot_ms_config = self.config.baseline_tpot_ms
+        super().__post_init__()
+
+    def capacity_share(self, draft_steps: int) -> int:
+        """k: draft tokens per request the verify capacity holds (the rest of the chain is the
+        `extra` TETRIS chooses from)."""
+        share = draft_steps - self.config.extra
+        if share < 1:
+            raise ValueError(
+                f"tetris: --tetris-extra {self.config.extra} leaves no verify capacity with "
+                f"--speculative-num-steps {draft_steps}; it must be below the number of steps"
+            )
+        return share
+
+    def decide(self, it: IterationInput) -> Decision:
+        num_requests = it.cands.num_requests
+        share = self.capacity_share(it.draft_steps)
+        chain_len = share + self.config.extra  # = draft_steps: how deep a chain may be verified
+        capacity = num_requests * share  # C draft tokens, roots not included
+        if num_requests >= self.config.turn_on_batch_size:
+            # TETRIS Algorithm 1 as a batch-wide top-C over the chains' f (the heap always pops
+            # a request's frontier; a global top-C by f with ties toward the lower request and
+            # the shallower node pops the same set, as each chain's f is non-increasing).
+            # select_adaserve with no SLO requirement is exactly that top-k; its budget
+            # counts the roots, hence B + C.
+            chains = restrict_to_shape(it.cands, chain_len, 1)
+            required = torch.zeros(num_requests, dtype=torch.float64, device=chains.valid.device)
+            selection = select_adaserve(chains, required, num_requests + capacity, 0)
+            depth = chain_len
+        else:
+            # Too few requests for the reallocation to pay off: standard SD, k tokens each.
+            selection = selection_from_mask(restrict_to_shape(it.cands, share, 1).valid)
+            depth = share
+        return Decision(selection, depth, 1, num_requests + capacity, no_infeasible(it))

@@ -1,0 +1,112 @@
+"""Every speculation policy end to end on CPU with real SGLang: greedy outputs of a batch with
+mixed SLOs are token-identical to no speculation, sampling still completes, and the policy's
+state is visible in /server_info.
+
+Two pairs: the tiny random pair (the draft is almost always rejected: the rejection paths) and
+the bigram pair (the draft is always right: the acceptance paths, where each policy's choice of
+what to verify decides how many tokens a request commits per iteration).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+import requests
+
+from sgl_adaspec.testing.server import eagle_flags
+
+from .conftest import start
+
+PROMPTS = (
+    ("def fibonacci(n):", {"tpot_slo_ms": 5.0}),
+    ("import os\nimport sys\n\n", {"tpot_slo_ms": 5000.0}),
+    ("The quick brown fox", None),
+)
+MAX_NEW_TOKENS = 32
+POLICIES = (
+    ("adaspec",),
+    ("tetris", "--tetris-extra", "1"),
+    ("faser",),
+    ("dropin",),
+)
+# The other dropin rules: in the slow tier (each server start costs ~30 s).
+VARIANTS = (("dropin", "--dropin-variant", "fsm"), ("dropin", "--dropin-variant", "cache-fsm"))
+WITH_REJECTIONS = POLICIES + tuple(pytest.param(args, marks=pytest.mark.slow) for args in VARIANTS)
+
+
+def generate(url: str, prompt: str, custom_params: dict | None, temperature: float = 0.0) -> dict:
+    sampling = {"temperature": temperature, "max_new_tokens": MAX_NEW_TOKENS}
+    if custom_params is not None:
+        sampling["custom_params"] = custom_params
+    response = requests.post(
+        f"{url}/generate", json={"text": prompt, "sampling_params": sampling}, timeout=300
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+def concurrent_outputs(url: str) -> list[list[int]]:
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        outputs = list(pool.map(lambda job: generate(url, *job), PROMPTS))
+    return [out["output_ids"] for out in outputs]
+
+
+def reference_outputs(tmp_path_factory, target) -> list[list[int]]:
+    server = start(tmp_path_factory, "plain-policies-ref", target)
+    try:
+        return [generate(server.url, prompt, None)["output_ids"] for prompt, _ in PROMPTS]
+    finally:
+        server.stop()
+
+
+def run_policy(tmp_path_factory, target, draft, policy_args) -> tuple[list, dict]:
+    flags = (
+        *eagle_flags(draft, steps=4, topk=2, num_draft_tokens=8),
+        "--spec-policy", *policy_args,
+    )  # fmt: skip
+    server = start(tmp_path_factory, f"policy-{'-'.join(policy_args)}", target, *flags)
+    try:
+        outputs = concurrent_outputs(server.url)
+        sampled = generate(server.url, PROMPTS[0][0], None, temperature=0.8)
+        assert sampled["meta_info"]["completion_tokens"] == MAX_NEW_TOKENS
+        info = requests.get(f"{server.url}/server_info", timeout=60).json()
+    finally:
+        server.stop()
+    # The adapter falls back to the full tree when a policy raises; that must not happen.
+    assert "policy decision failed" not in server.log_path.read_text()
+    return outputs, info["internal_states"][0]["adaspec"]
+
+
+@pytest.fixture(scope="module")
+def random_pair_reference(models, tmp_path_factory):
+    return reference_outputs(tmp_path_factory, models.target)
+
+
+@pytest.fixture(scope="module")
+def bigram_pair_reference(models, tmp_path_factory):
+    return reference_outputs(tmp_path_factory, models.bigram_target)
+
+
+@pytest.mark.parametrize("policy_args", WITH_REJECTIONS, ids=lambda args: "-".join(args))
+def test_policy_is_lossless_with_rejections(
+    models, tmp_path_factory, random_pair_reference, policy_args
+):
+    outputs, state = run_policy(tmp_path_factory, models.target, models.eagle_draft, policy_args)
+    assert outputs == random_pair_reference
+    assert state["spec_policy"] == policy_args[0]
+    assert state["stats"]["iterations"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy_args", POLICIES + VARIANTS, ids=lambda args: "-".join(args))
+def test_policy_is_lossless_and_commits_accepted_drafts(
+    models, tmp_path_factory, bigram_pair_reference, policy_args
+):
+    outputs, state = run_policy(
+        tmp_path_factory, models.bigram_target, models.bigram_eagle_draft, policy_args
+    )
+    assert outputs == bigram_pair_reference
+    stats = state["stats"]
+    # The draft is always right, so every policy commits more than one token per verify.
+    assert stats["accepted_tokens"] > 1.2 * stats["request_iterations"]

@@ -1,0 +1,77 @@
+"""Shared shape primitives and the online latency model, on hand-built cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.latency import LinearLatency
+from sgl_adaspec.speculative.shapes import (
+    chain_positions,
+    chain_prefix_mask,
+    restrict_to_shape,
+    selection_from_mask,
+)
+
+
+def two_trees() -> Candidates:
+    """Request 0: root -> 0 (.9) -> 2 (.6) -> 4 (.3); root -> 1 (.5) -> 3 (.4); root -> 5 (.2).
+    Request 1: root -> 0 (.5) -> 1 (.25); root -> 2 (.4); nodes 3..5 padding."""
+    return Candidates(
+        tokens=torch.arange(6).repeat(2, 1),
+        parents=torch.tensor([[-1, -1, 0, 1, 2, -1], [-1, 0, -1, -1, -1, -1]]),
+        path_prob=torch.tensor([[0.9, 0.5, 0.6, 0.4, 0.3, 0.2], [0.5, 0.25, 0.4, 0, 0, 0]]),
+        valid=torch.tensor([[True] * 6, [True, True, True, False, False, False]]),
+    )
+
+
+def test_per_request_depth_limits_each_tree():
+    kept = restrict_to_shape(two_trees(), torch.tensor([1, 2]), width=2).valid
+    assert kept[0].tolist() == [True, True, False, False, False, False]
+    assert kept[1].tolist() == [True, True, True, False, False, False]
+
+
+def test_depth_zero_keeps_nothing():
+    kept = restrict_to_shape(two_trees(), torch.tensor([0, 0]), width=4).valid
+    assert not kept.any()
+
+
+def test_chain_positions_give_nodes_and_conditional_probabilities():
+    nodes, cond = chain_positions(two_trees())
+    assert nodes.tolist() == [[0, 2, 4], [0, 1, -1]]
+    assert cond[0].tolist() == pytest.approx([0.9, 0.6 / 0.9, 0.3 / 0.6])
+    assert cond[1].tolist() == pytest.approx([0.5, 0.5, 0.0])
+
+
+def test_chain_prefix_mask_takes_the_first_nodes_of_each_chain():
+    cands = two_trees()
+    nodes, _ = chain_positions(cands)
+    mask = chain_prefix_mask(cands, nodes, torch.tensor([2, 5]))
+    assert mask[0].tolist() == [True, False, True, False, False, False]
+    assert mask[1].tolist() == [True, True, False, False, False, False]
+    selection = selection_from_mask(mask)
+    assert selection.counts.tolist() == [2, 2] and selection.total_tokens == 6
+
+
+def test_linear_latency_recovers_a_linear_cost():
+    model = LinearLatency(num_features=2)
+    for tokens in (8, 16, 32, 64):
+        for context in (0, 1000):
+            model.observe((tokens, context), 5.0 + 0.5 * tokens + 0.01 * context)
+    assert model.predict((48, 500)) == pytest.approx(5.0 + 24 + 5, rel=0.02)
+
+
+def test_linear_latency_never_predicts_cheaper_for_more_tokens():
+    model = LinearLatency(num_features=1)
+    # Noise that would fit a negative slope.
+    for tokens, ms in ((8, 10.0), (16, 9.5), (32, 9.0)):
+        model.observe((tokens,), ms)
+    assert model.coefficients()[0] == 0.0
+    assert model.predict((64,)) == pytest.approx(9.5)
+
+
+def test_linear_latency_before_any_observation_is_unknown():
+    assert LinearLatency(num_features=2).predict((1, 1)) is None
+    with pytest.raises(ValueError, match="features"):
+        LinearLatency(num_features=2).observe((1,), 3.0)
