@@ -7,9 +7,11 @@ Every recipe serves the same target model; only the speculation flags differ:
 * ``sglang-adaptive``: SGLang's ``--speculative-adaptive``: EAGLE with topk 1 (the only width it
   supports) and ``steps + 1`` draft tokens; SGLang moves the steps among its candidate steps
   (1, 3, 5, 7 by default) from the observed acceptance. ``steps`` must be one of them.
-* ``adaserve``: EAGLE tree and ``--spec-policy adaserve`` (needs topk >= 2).
-
-Later policies add a `PolicyRecipe` to `POLICIES`.
+* ``adaserve``, ``adaspec``, ``tetris``, ``faser``, ``dropin``: EAGLE tree and
+  ``--spec-policy NAME`` (every plugin policy needs topk >= 2: it reads the tree's
+  probabilities; chain policies verify its most probable chain).
+* ``adaserve-fcfs``: adaserve with SLO-aware admission and prefill bounding off
+  (``--slo-admission off``), SGLang's own admission order: the scheduling comparison.
 """
 
 from __future__ import annotations
@@ -60,9 +62,15 @@ def _sglang_adaptive(draft: Path, shape: SpecShape) -> tuple[str, ...]:
     return (*chain, "--speculative-adaptive")
 
 
-def _adaserve(draft: Path, shape: SpecShape) -> tuple[str, ...]:
-    tree = eagle_flags(draft, shape.steps, shape.topk, shape.num_draft_tokens)
-    return (*tree, "--spec-policy", "adaserve")
+def _plugin_policy(name: str, *extra: str) -> Callable[[Path, SpecShape], tuple[str, ...]]:
+    def flags(draft: Path, shape: SpecShape) -> tuple[str, ...]:
+        tree = eagle_flags(draft, shape.steps, shape.topk, shape.num_draft_tokens)
+        return (*tree, "--spec-policy", name, *extra)
+
+    return flags
+
+
+PLUGIN_POLICIES = ("adaserve", "adaspec", "tetris", "faser", "dropin")
 
 
 POLICIES: dict[str, PolicyRecipe] = {
@@ -77,7 +85,15 @@ POLICIES: dict[str, PolicyRecipe] = {
             must_be_on="speculative_adaptive",
             off_reason_prefix="speculative_adaptive disabled:",
         ),
-        PolicyRecipe("adaserve", "EAGLE tree, --spec-policy adaserve", _adaserve),
+        *(
+            PolicyRecipe(name, f"EAGLE tree, --spec-policy {name}", _plugin_policy(name))
+            for name in PLUGIN_POLICIES
+        ),
+        PolicyRecipe(
+            "adaserve-fcfs",
+            "adaserve with SGLang's admission order (--slo-admission off)",
+            _plugin_policy("adaserve", "--slo-admission", "off"),
+        ),
     )
 }
 

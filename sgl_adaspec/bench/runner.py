@@ -19,7 +19,13 @@ import requests
 
 from sgl_adaspec.bench.http_stream import APIS, Api
 from sgl_adaspec.bench.metrics import RequestRecord, RunSummary, summarize
-from sgl_adaspec.bench.policies import POLICIES, SpecShape, get_policy, is_speculative
+from sgl_adaspec.bench.policies import (
+    PLUGIN_POLICIES,
+    POLICIES,
+    SpecShape,
+    get_policy,
+    is_speculative,
+)
 from sgl_adaspec.bench.prompts import HfTokenizer
 from sgl_adaspec.bench.replay import ReplayTarget, SloField, SloSettings, replay
 from sgl_adaspec.bench.server_probe import (
@@ -233,7 +239,7 @@ def _started(
     recipe = get_policy(policy)
     settings = config.servers
     args = [*recipe.flags(settings.draft_model, settings.shape), *settings.extra_args]
-    if policy == "adaserve" and config.slo_field == "slo_class" and baseline_tpot_ms:
+    if policy in (*PLUGIN_POLICIES, "adaserve-fcfs") and config.slo_field == "slo_class" and baseline_tpot_ms:
         args += ["--baseline-tpot-ms", f"{baseline_tpot_ms:.3f}"]  # resolve classes alike
     log_dir = Path(config.out_dir) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)

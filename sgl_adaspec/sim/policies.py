@@ -30,6 +30,7 @@ from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.sim.trees import SampledTrees
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, tree_shape
+from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
 from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase
@@ -258,21 +259,27 @@ class Adaserve:
 
 @dataclass
 class ServerPolicy:
-    """Any server policy (`speculative/policies`) deciding on the draft shape the server is
-    configured with, exactly as the SGLang adapter drives it (decide, then observe)."""
+    """Any server policy (`speculative/policies`) deciding on the candidates SGLang's EAGLE
+    draft hands it with the static baseline's flags (steps 5, topk 4, 8 draft tokens), exactly
+    as the SGLang adapter drives it (decide, then observe)."""
 
     policy: PolicyBase
     name: str
     depth: int = 5
     width: int = 4
+    num_draft_tokens: int = 8  # SGLang's count: root included
     speculates: bool = True
 
     def decide(
         self, slo: SloBatch, draft: Drafter, rids: tuple[str, ...], context_lens: np.ndarray
     ) -> Decision:
         trees = draft(self.depth, self.width)
+        # What SGLang hands the policy: its rerank keeps each request's top nodes by f.
+        full = trees.candidates()
+        kept = select_static(full, self.num_draft_tokens - 1).mask
+        cands = Candidates(full.tokens, full.parents, full.path_prob, kept)
         it = IterationInput(
-            trees.candidates(), slo, rids, torch.from_numpy(context_lens), self.depth, self.width
+            cands, slo, rids, torch.from_numpy(context_lens), self.depth, self.width
         )
         decision = self.policy.decide(it)
         self._batch = (rids, int(context_lens.sum()))
