@@ -26,6 +26,9 @@ def test_entry_point_is_registered_in_sglang_group():
     assert names.get("sgl_adaspec") == "sgl_adaspec.plugin:register"
 
 
+EAGLE_TREE = ("--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "/nonexistent")
+
+
 def test_help_lists_spec_policy_with_choices():
     result = launch("--help")
     assert result.returncode == 0, result.stderr
@@ -42,6 +45,20 @@ def test_help_lists_spec_policy_with_choices():
         (
             ["--spec-policy", "adaserve", "--speculative-algorithm", "NGRAM"],
             "needs --speculative-algorithm one of EAGLE, EAGLE3, STANDALONE (got NGRAM)",
+        ),
+        (["--spec-policy", "dropin", "--dropin-variant", "lru"], "--dropin-variant must be one of"),
+        (["--spec-policy", "faser", "--faser-early-exit"], "--faser-early-exit is not available"),
+        (["--spec-policy", "faser", "--faser-overlap"], "needs GPU SM partitions"),
+        (["--spec-policy", "faser", "--faser-lengths", "2,x"], "--faser-lengths must be"),
+        (["--spec-policy", "tetris", "--tetris-extra", "-1"], "--tetris-extra must be >= 0"),
+        (
+            [*EAGLE_TREE, "--speculative-num-steps", "2", "--spec-policy", "tetris",
+             "--tetris-extra", "2"],
+            "--tetris-extra 2 leaves no verify capacity",
+        ),  # fmt: skip
+        (
+            [*EAGLE_TREE, "--speculative-eagle-topk", "1", "--spec-policy", "faser"],
+            "needs --speculative-eagle-topk >= 2 (got 1)",
         ),
     ],
 )
