@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.latency import LinearLatency
 from sgl_adaspec.speculative.policies.adaspec import (
@@ -21,6 +20,7 @@ from sgl_adaspec.speculative.policies.adaspec import (
     infeasible_requests,
 )
 from sgl_adaspec.speculative.policies.base import IterationInput
+from sgl_adaspec.testing.policy_inputs import iteration_input
 
 INF = math.inf
 
@@ -201,21 +201,7 @@ def chains(*probs: list[float], extra_branch: bool = False) -> Candidates:
 
 
 def iteration(cands: Candidates, tpot: list[float], draft_steps: int = 2) -> IterationInput:
-    bsz = cands.num_requests
-    batch = SloBatch(
-        tpot_slo_ms=torch.tensor(tpot, dtype=torch.float64),
-        decode_elapsed_ms=torch.zeros(bsz, dtype=torch.float64),
-        tokens_out=torch.zeros(bsz, dtype=torch.float64),
-    )
-    return IterationInput(
-        cands=cands,
-        slo=batch,
-        rids=tuple(f"r{i}" for i in range(bsz)),
-        context_lens=torch.full((bsz,), 100, dtype=torch.int64),
-        draft_steps=draft_steps,
-        draft_topk=1,
-    )
-
+    return iteration_input(cands, draft_steps, tpot_slo_ms=tpot)
 
 def fitted_policy(config: AdaspecPolicyConfig | None = None) -> AdaspecPolicy:
     """Verify pass 6 + 2 * verified tokens (context has no effect), draft steps free: for a batch

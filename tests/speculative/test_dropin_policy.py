@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 
 import pytest
 import torch
 
-from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.base import IterationInput
+from sgl_adaspec.testing.policy_inputs import iteration_input
 from sgl_adaspec.speculative.policies.dropin import (
     DropinConfig,
     DropinPolicy,
@@ -24,13 +22,6 @@ from sgl_adaspec.speculative.policies.dropin import (
     window_gain,
 )
 from sgl_adaspec.speculative.shapes import restrict_to_shape
-
-
-@dataclass(frozen=True)
-class WithHistory(IterationInput):
-    """IterationInput with the token history cache-FSM reads (the adapter's field)."""
-
-    history: tuple[list[int], ...] | None = None
 
 
 def chain(depth: int, rows: int = 1) -> Candidates:
@@ -57,23 +48,8 @@ def wide_tree() -> Candidates:
 
 def iteration(
     cands: Candidates, draft_steps: int, draft_topk: int = 1, history=None
-) -> WithHistory:
-    bsz = cands.num_requests
-    slo = SloBatch(
-        tpot_slo_ms=torch.full((bsz,), math.nan, dtype=torch.float64),
-        decode_elapsed_ms=torch.zeros(bsz, dtype=torch.float64),
-        tokens_out=torch.zeros(bsz, dtype=torch.float64),
-    )
-    return WithHistory(
-        cands=cands,
-        slo=slo,
-        rids=tuple(f"r{i}" for i in range(bsz)),
-        context_lens=torch.full((bsz,), 100, dtype=torch.int64),
-        draft_steps=draft_steps,
-        draft_topk=draft_topk,
-        history=history,
-    )
-
+) -> IterationInput:
+    return iteration_input(cands, draft_steps, draft_topk, history=history)
 
 def outcome(policy: DropinPolicy, *accepted: int) -> None:
     """Report SGLang accept lengths (bonus included) for requests r0, r1, ..."""

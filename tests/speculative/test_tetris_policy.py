@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
-from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.base import IterationInput
+from sgl_adaspec.testing.policy_inputs import iteration_input
 from sgl_adaspec.speculative.policies.tetris import TetrisConfig, TetrisPolicy
 
 
@@ -28,21 +27,7 @@ def chains(*probs: list[float]) -> Candidates:
 
 
 def iteration(cands: Candidates, draft_steps: int, draft_topk: int = 1) -> IterationInput:
-    bsz = cands.num_requests
-    slo = SloBatch(
-        tpot_slo_ms=torch.full((bsz,), math.nan, dtype=torch.float64),
-        decode_elapsed_ms=torch.zeros(bsz, dtype=torch.float64),
-        tokens_out=torch.zeros(bsz, dtype=torch.float64),
-    )
-    return IterationInput(
-        cands=cands,
-        slo=slo,
-        rids=tuple(f"r{i}" for i in range(bsz)),
-        context_lens=torch.full((bsz,), 10, dtype=torch.int64),
-        draft_steps=draft_steps,
-        draft_topk=draft_topk,
-    )
-
+    return iteration_input(cands, draft_steps, draft_topk)
 
 def test_lengths_follow_the_global_top_c():
     # draft_steps 3, extra 1 -> k = 2, C = 2 * 2 = 4. Top-4 chain f: .9 .8 .7 (r0), .5 (r1).

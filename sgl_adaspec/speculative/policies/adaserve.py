@@ -14,7 +14,12 @@ import torch
 from sgl_adaspec.scheduler.slo import SloBatch, required_tokens
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, tree_shape
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.policies.base import Decision, IterationInput, PolicyBase
+from sgl_adaspec.speculative.policies.base import (
+    Decision,
+    IterationInput,
+    PolicyBase,
+    check_common_config,
+)
 from sgl_adaspec.speculative.selection import Selection, select_adaserve
 from sgl_adaspec.speculative.shapes import restrict_to_shape
 
@@ -38,8 +43,7 @@ class AdaserveConfig:
             raise ValueError(f"adaserve budget must be >= 1, got {self.budget}")
         if self.max_nodes_per_request is not None and self.max_nodes_per_request < 0:
             raise ValueError(f"max_nodes_per_request must be >= 0, got {self.max_nodes_per_request}")
-        if not 0 < self.latency_smoothing <= 1:
-            raise ValueError(f"latency_smoothing must be in (0, 1], got {self.latency_smoothing}")
+        check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
 
 
 @dataclass(frozen=True)

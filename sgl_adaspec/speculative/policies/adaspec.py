@@ -46,7 +46,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sgl_adaspec.speculative.policies.base import Decision, IterationInput, PolicyBase
+from sgl_adaspec.speculative.policies.base import (
+    Decision,
+    IterationInput,
+    PolicyBase,
+    check_common_config,
+)
 from sgl_adaspec.speculative.shapes import chain_positions, chain_prefix_mask, selection_from_mask
 
 # A step predicted with no history is assumed to be accepted (optimistic): the drafter then tries
@@ -79,10 +84,7 @@ class AdaspecPolicyConfig:
             )
         if self.min_depth < 0:
             raise ValueError(f"min_depth must be >= 0, got {self.min_depth}")
-        if not 0 < self.latency_smoothing <= 1:
-            raise ValueError(f"latency_smoothing must be in (0, 1], got {self.latency_smoothing}")
-        if self.baseline_tpot_ms is not None and not self.baseline_tpot_ms > 0:
-            raise ValueError(f"baseline_tpot_ms must be > 0, got {self.baseline_tpot_ms}")
+        check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
 
 
 @dataclass(frozen=True)

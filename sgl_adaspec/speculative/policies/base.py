@@ -99,8 +99,7 @@ class PolicyBase:
     _last_verify_ms: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if not 0 < self.latency_smoothing <= 1:
-            raise ValueError(f"latency_smoothing must be in (0, 1], got {self.latency_smoothing}")
+        check_common_config(self.latency_smoothing, self.baseline_tpot_ms_config)
 
     def decide(self, it: IterationInput) -> Decision:
         raise NotImplementedError
@@ -146,6 +145,14 @@ class PolicyBase:
         """Verify-pass latency for a batch of that size, from the fitted model (None before
         the first observation)."""
         return self.verify_latency.predict((verified_tokens, context_tokens))
+
+
+def check_common_config(latency_smoothing: float, baseline_tpot_ms: float | None) -> None:
+    """Validation every policy config shares (raises ValueError naming the field)."""
+    if not 0 < latency_smoothing <= 1:
+        raise ValueError(f"latency_smoothing must be in (0, 1], got {latency_smoothing}")
+    if baseline_tpot_ms is not None and not baseline_tpot_ms > 0:
+        raise ValueError(f"baseline_tpot_ms must be > 0, got {baseline_tpot_ms}")
 
 
 def no_infeasible(it: IterationInput) -> torch.Tensor:

@@ -30,6 +30,7 @@ import torch
 
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.base import (
+    check_common_config,
     Decision,
     IterationInput,
     PolicyBase,
@@ -84,10 +85,7 @@ class DropinConfig:
                 f"dropin max_window must be an int >= max(min_window, 1) = "
                 f"{max(self.min_window, 1)}, got {self.max_window!r}"
             )
-        if not 0 < self.latency_smoothing <= 1:
-            raise ValueError(f"latency_smoothing must be in (0, 1], got {self.latency_smoothing}")
-        if self.baseline_tpot_ms is not None and not self.baseline_tpot_ms > 0:
-            raise ValueError(f"baseline_tpot_ms must be > 0, got {self.baseline_tpot_ms}")
+        check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
 
 
 # --- the paper's formulas, as pure functions ----------------------------------------------------

@@ -38,6 +38,7 @@ from typing import NamedTuple
 import torch
 
 from sgl_adaspec.speculative.policies.base import (
+    check_common_config,
     Decision,
     IterationInput,
     PolicyBase,
@@ -106,10 +107,7 @@ class FaserConfig:
                 raise ValueError(f"faser {name} must be > 0, got {getattr(self, name)}")
         if not self.beta >= 0:
             raise ValueError(f"faser beta must be >= 0, got {self.beta}")
-        if not 0 < self.latency_smoothing <= 1:
-            raise ValueError(f"latency_smoothing must be in (0, 1], got {self.latency_smoothing}")
-        if self.baseline_tpot_ms is not None and not self.baseline_tpot_ms > 0:
-            raise ValueError(f"baseline_tpot_ms must be > 0, got {self.baseline_tpot_ms}")
+        check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
 
 
 class Observation(NamedTuple):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sgl_adaspec.speculative.policies.base import (
+    check_common_config,
     Decision,
     IterationInput,
     PolicyBase,
@@ -54,10 +55,7 @@ class TetrisConfig:
                 f"tetris turn_on_batch_size (--tetris-turn-on-batch-size) must be an int >= 1, "
                 f"got {self.turn_on_batch_size!r}"
             )
-        if not 0 < self.latency_smoothing <= 1:
-            raise ValueError(f"latency_smoothing must be in (0, 1], got {self.latency_smoothing}")
-        if self.baseline_tpot_ms is not None and not self.baseline_tpot_ms > 0:
-            raise ValueError(f"baseline_tpot_ms must be > 0, got {self.baseline_tpot_ms}")
+        check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
 
 
 @dataclass
