@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--slo-field", choices=SLO_FIELDS, default=B.slo_field,
         help="what custom_params carries: the resolved TPOT or the class name",
     )  # fmt: skip
+    slo.add_argument(
+        "--ttft-slo-ms", type=parse_ttft_slos, default=(), metavar="CLASS=MS,...",
+        help="per-class TTFT SLOs sent as custom_params.ttft_slo_ms (SLO-aware admission)",
+    )  # fmt: skip
 
     srv = parser.add_argument_group("servers")
     srv.add_argument(
@@ -103,6 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, required=True, help="directory for JSON, PNGs, logs")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
+
+
+def parse_ttft_slos(text: str) -> tuple[tuple[str, float], ...]:
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        try:
+            pairs.append((name.strip(), float(value)))
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise argparse.ArgumentTypeError(f"expected CLASS=MS, got {item!r}")
+    return tuple(pairs)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -140,7 +157,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         external=tuple(args.server), servers=servers,
         request_rates_per_s=tuple(args.request_rate), slo_config_path=args.slo_config,
         slo_scale=args.slo_scale, baseline_tpot_ms=args.baseline_tpot_ms,
-        baseline_url=args.baseline_url, slo_field=args.slo_field, api=args.api,
+        baseline_url=args.baseline_url, slo_field=args.slo_field,
+        ttft_slo_ms=args.ttft_slo_ms, api=args.api,
         tokenizer=args.tokenizer, request_timeout_s=args.request_timeout_s,
         progress=not args.no_progress,
     )  # fmt: skip

@@ -33,8 +33,13 @@ class SloSettings:
     slo_scale: float = 1.0
     baseline_tpot_ms: float | None = None
     send: SloField = "tpot_slo_ms"
+    # Per class: a TTFT SLO (ms) sent as custom_params.ttft_slo_ms (SLO-aware admission reads it).
+    ttft_slo_ms: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
+        for name, ms in self.ttft_slo_ms:
+            if not ms > 0:
+                raise ValueError(f"TTFT SLO of class {name!r} must be > 0 ms, got {ms}")
         if not self.slo_scale > 0:
             raise ValueError(f"slo_scale must be > 0, got {self.slo_scale}")
         if self.baseline_tpot_ms is not None and not self.baseline_tpot_ms > 0:
@@ -53,12 +58,16 @@ class SloSettings:
         return None if target is None else target * self.slo_scale
 
     def custom_params(self, slo: RequestSlo) -> dict | None:
+        params: dict = {}
+        ttft = dict(self.ttft_slo_ms).get(slo.slo_class)
+        if ttft is not None:
+            params["ttft_slo_ms"] = ttft
         target = self.target_ms(slo)
         if target is None:
-            return None
+            return params or None
         if self.send == "slo_class" and slo.slo_class != "custom":
-            return {"slo_class": slo.slo_class}
-        return {"tpot_slo_ms": round(target, 3)}
+            return {**params, "slo_class": slo.slo_class}
+        return {**params, "tpot_slo_ms": round(target, 3)}
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ class BenchConfig:
     baseline_tpot_ms: float | None = None  # None: measured when a class is relative to it
     baseline_url: str | None = None  # a running server without speculation to measure it on
     slo_field: SloField = "tpot_slo_ms"
+    ttft_slo_ms: tuple[tuple[str, float], ...] = ()  # per class, see SloSettings
     api: Api = "generate"
     tokenizer: Path | None = None  # None: the model's
     request_timeout_s: float = 600.0
@@ -99,7 +100,7 @@ class BenchConfig:
             raise BenchError(f"request rates must be > 0, got {self.request_rates_per_s}")
         if self.api not in APIS:
             raise BenchError(f"unknown api {self.api!r}; choose one of: {', '.join(APIS)}")
-        SloSettings(self.slo_scale, self.baseline_tpot_ms, self.slo_field)  # validates
+        SloSettings(self.slo_scale, self.baseline_tpot_ms, self.slo_field, self.ttft_slo_ms)
 
     @property
     def tokenizer_path(self) -> Path | None:
@@ -287,7 +288,7 @@ def _replay_rates(
     url: str,
     baseline_tpot_ms: float | None,
 ) -> list[RunResult]:
-    slo = SloSettings(config.slo_scale, baseline_tpot_ms, config.slo_field)
+    slo = SloSettings(config.slo_scale, baseline_tpot_ms, config.slo_field, config.ttft_slo_ms)
     try:
         warm_up(url, workload.requests[0].prompt)
         model = served_model(url) if config.api == "completions" else "default"

@@ -121,3 +121,22 @@ def test_slo_settings_resolve_scale_and_what_is_sent():
         SloSettings().target_ms(relative)
     with pytest.raises(ValueError, match="slo_scale 1"):
         SloSettings(slo_scale=2.0, send="slo_class")
+
+
+def test_ttft_slos_travel_per_class_with_or_without_a_tpot_slo():
+    ttft = (("coding", 500.0), ("best_effort", 9e3))
+    settings = SloSettings(baseline_tpot_ms=20.0, ttft_slo_ms=ttft)
+    coding = RequestSlo("coding", baseline_multiple=1.2)
+    assert settings.custom_params(coding) == {"ttft_slo_ms": 500.0, "tpot_slo_ms": 24.0}
+    assert settings.custom_params(RequestSlo("best_effort")) == {"ttft_slo_ms": 9e3}
+    assert settings.custom_params(RequestSlo("chat", tpot_slo_ms=50.0)) == {"tpot_slo_ms": 50.0}
+    with pytest.raises(ValueError, match="TTFT SLO of class 'chat'"):
+        SloSettings(ttft_slo_ms=(("chat", 0.0),))
+
+
+def test_ttft_slo_flag_parses_class_pairs():
+    from sgl_adaspec.bench.cli import parse_ttft_slos
+
+    assert parse_ttft_slos("coding=500, chat=2000") == (("coding", 500.0), ("chat", 2000.0))
+    with pytest.raises(Exception, match="CLASS=MS"):
+        parse_ttft_slos("coding:500")
