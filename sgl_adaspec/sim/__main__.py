@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from sgl_adaspec.sim.acceptance import DEFAULT, NAMED
 from sgl_adaspec.sim.experiments import SweepConfig, rps_sweep_main
 from sgl_adaspec.sim.latency import PRESETS
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES
@@ -39,7 +40,11 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
     known = ",".join(POLICY_NAMES + EXTRA_POLICY_NAMES)
     parser.add_argument("--policies", type=_names, help=f"comma-separated, from {known}")
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--acceptance", help="acceptance model JSON (default: synthetic)")
+    parser.add_argument(
+        "--acceptance",
+        help=f"acceptance model: a JSON path or one of {', '.join(NAMED)} "
+        f"(default: {DEFAULT.name}, measured)",
+    )
     parser.add_argument("--out", dest="out_dir", help="output folder (JSON, PNG)")
     parser.add_argument("--max-running-requests", type=int)
     args = vars(parser.parse_args(argv))

@@ -15,15 +15,18 @@ below the diagonal is an over-confident draft, above it an under-confident one.
 Terms as in `speculative/candidates.py`: accepted tokens are draft tokens on the accepted path;
 the bonus token is on top.
 
-The default is synthetic (`SYNTHETIC_DEFAULT`, see its `source`): no calibration data from a real
-model pair has been recorded yet. Calibration statistics load with `AcceptanceModel.load(path)`
-(JSON; `to_json` writes the format) and replace it without code changes.
+The default (`DEFAULT`) is `CALIBRATED_QWEN25CODER`, measured on a real same-tokenizer pair
+(Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft; `sim/calibration.py` records and fits it, the
+JSON ships in `sim/data/`). `SYNTHETIC_DEFAULT` (made-up Betas, identity calibration) stays
+available, by name too: `resolve("synthetic-default")`. Other models load with
+`AcceptanceModel.load(path)` (JSON; `to_json` writes the format).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +140,32 @@ SYNTHETIC_DEFAULT = AcceptanceModel(
         "summarization": BetaParams(1.8, 1.2),
     },
 )
+
+
+CALIBRATED_FILE = "acceptance_qwen25coder.json"
+
+
+def _load_package_model(filename: str) -> AcceptanceModel:
+    text = resources.files("sgl_adaspec.sim").joinpath("data", filename).read_text()
+    try:
+        return AcceptanceModel.from_json(json.loads(text))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"sgl_adaspec/sim/data/{filename}: bad acceptance model: {exc}") from exc
+
+
+# Measured: see the model's `source` and docs/simulator.md ("Calibration on a real pair").
+CALIBRATED_QWEN25CODER = _load_package_model(CALIBRATED_FILE)
+DEFAULT = CALIBRATED_QWEN25CODER
+NAMED = {m.name: m for m in (CALIBRATED_QWEN25CODER, SYNTHETIC_DEFAULT)}
+
+
+def resolve(spec: str | Path | None) -> AcceptanceModel:
+    """None: `DEFAULT`; a name in `NAMED`; else a JSON path."""
+    if spec is None:
+        return DEFAULT
+    if str(spec) in NAMED:
+        return NAMED[str(spec)]
+    return AcceptanceModel.load(spec)
 
 
 def zero_acceptance(base: AcceptanceModel = SYNTHETIC_DEFAULT) -> AcceptanceModel:

@@ -19,7 +19,7 @@ import numpy as np
 
 from sgl_adaspec.scheduler.cost_model import knee_budget
 from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
-from sgl_adaspec.sim.acceptance import SYNTHETIC_DEFAULT, AcceptanceModel
+from sgl_adaspec.sim.acceptance import resolve as resolve_acceptance
 from sgl_adaspec.sim.engine import EngineConfig, SimResult, simulate
 from sgl_adaspec.sim.latency import get_preset
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES, make_policy
@@ -39,7 +39,8 @@ class SweepConfig:
     repeats: int = 3  # seeds per rate; the table shows the mean
     policies: tuple[str, ...] = POLICY_NAMES
     seed: int = 0
-    acceptance: str | None = None  # JSON path; None: the synthetic default
+    # JSON path or a name in acceptance.NAMED; None: acceptance.DEFAULT (the calibrated one)
+    acceptance: str | None = None
     out_dir: str = "out/sim"
     max_running_requests: int = 128
 
@@ -103,7 +104,7 @@ def _mean_summary(runs: list[dict]) -> dict:
 
 def run_rps_sweep(config: SweepConfig, progress=print) -> dict:
     latency = get_preset(config.preset)
-    acceptance = AcceptanceModel.load(config.acceptance) if config.acceptance else SYNTHETIC_DEFAULT
+    acceptance = resolve_acceptance(config.acceptance)
     slo_config = load_slo_config(REPO_SLO_CONFIG)
     profile = latency.verify_profile()
     budget = knee_budget(profile)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from sgl_adaspec.sim.__main__ import main, parse_args
+from sgl_adaspec.sim.acceptance import DEFAULT, SYNTHETIC_DEFAULT
 from sgl_adaspec.sim.experiments import PEAK_METRIC, SweepConfig, peak_ratio
 
 SMALL = ["--rates", "3,6", "--num-requests", "30", "--repeats", "1"]
@@ -30,7 +31,8 @@ def test_sweep_prints_table_writes_json_and_ends_with_the_ratio(tmp_path, capsys
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     assert main(SMALL + ["--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert "acceptance model: synthetic-default" in "\n".join(lines)
+    # The default acceptance model is the calibrated one (measured on Qwen2.5-Coder 1.5B/0.5B).
+    assert f"acceptance model: {DEFAULT.name}: measured" in "\n".join(lines)
     assert any("matplotlib is not installed" in line for line in lines)
     name, value = lines[-1].split("=")
     assert name == PEAK_METRIC
@@ -40,6 +42,12 @@ def test_sweep_prints_table_writes_json_and_ends_with_the_ratio(tmp_path, capsys
         (rate, policy) for rate in (3.0, 6.0) for policy in SweepConfig().policies
     }
     assert not (tmp_path / "rps_sweep.png").exists()
+
+
+def test_acceptance_by_name(tmp_path, capsys):
+    assert main(SMALL + ["--policies", "static", "--acceptance", SYNTHETIC_DEFAULT.name,
+                         "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert "acceptance model: synthetic-default: synthetic" in capsys.readouterr().out
 
 
 def test_same_seed_same_table(tmp_path, capsys):
