@@ -66,3 +66,21 @@ def stream_generate(
         decode_s=last_t - first_t,
         meta_info=last["meta_info"],
     )
+
+
+def generate(
+    url: str,
+    prompt: str,
+    max_new_tokens: int,
+    custom_params: dict | None = None,
+    temperature: float = 0.0,
+) -> dict:
+    """One non-streaming `/generate` call; the response JSON (raises on an HTTP error)."""
+    sampling = {"temperature": temperature, "max_new_tokens": max_new_tokens}
+    if custom_params is not None:
+        sampling["custom_params"] = custom_params
+    response = requests.post(
+        f"{url}/generate", json={"text": prompt, "sampling_params": sampling}, timeout=300
+    )
+    response.raise_for_status()
+    return response.json()

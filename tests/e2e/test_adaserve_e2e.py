@@ -9,6 +9,7 @@ import concurrent.futures
 import pytest
 import requests
 
+from sgl_adaspec.testing import client
 from sgl_adaspec.testing.server import eagle_flags
 
 from .conftest import start
@@ -19,17 +20,8 @@ TIGHT, LOOSE = ("def fibonacci(n):", 5.0), ("import os\nimport sys\n\n", 5000.0)
 MAX_NEW_TOKENS = 40
 
 
-def generate(
-    url: str, prompt: str, custom_params: dict | None = None, temperature: float = 0.0
-) -> dict:
-    sampling = {"temperature": temperature, "max_new_tokens": MAX_NEW_TOKENS}
-    if custom_params is not None:
-        sampling["custom_params"] = custom_params
-    response = requests.post(
-        f"{url}/generate", json={"text": prompt, "sampling_params": sampling}, timeout=300
-    )
-    response.raise_for_status()
-    return response.json()
+def generate(url: str, prompt: str, custom_params: dict | None = None, temperature: float = 0.0):
+    return client.generate(url, prompt, MAX_NEW_TOKENS, custom_params, temperature)
 
 
 @pytest.fixture(scope="module")

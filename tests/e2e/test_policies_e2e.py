@@ -14,6 +14,7 @@ import concurrent.futures
 import pytest
 import requests
 
+from sgl_adaspec.testing import client
 from sgl_adaspec.testing.server import eagle_flags
 
 from .conftest import start
@@ -35,15 +36,8 @@ VARIANTS = (("dropin", "--dropin-variant", "fsm"), ("dropin", "--dropin-variant"
 WITH_REJECTIONS = POLICIES + tuple(pytest.param(args, marks=pytest.mark.slow) for args in VARIANTS)
 
 
-def generate(url: str, prompt: str, custom_params: dict | None, temperature: float = 0.0) -> dict:
-    sampling = {"temperature": temperature, "max_new_tokens": MAX_NEW_TOKENS}
-    if custom_params is not None:
-        sampling["custom_params"] = custom_params
-    response = requests.post(
-        f"{url}/generate", json={"text": prompt, "sampling_params": sampling}, timeout=300
-    )
-    response.raise_for_status()
-    return response.json()
+def generate(url: str, prompt: str, custom_params: dict | None = None, temperature: float = 0.0):
+    return client.generate(url, prompt, MAX_NEW_TOKENS, custom_params, temperature)
 
 
 def concurrent_outputs(url: str) -> list[list[int]]:
