@@ -81,6 +81,14 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s).",
     )
     group.add_argument(
+        "--adaspec-min-depth",
+        type=int,
+        default=AdaspecConfig.adaspec_min_depth,
+        metavar="D",
+        help="adaspec: the drafter never chooses fewer draft steps than this (default: "
+        "%(default)s, i.e. it may switch speculation off when its estimate says it does not pay).",
+    )
+    group.add_argument(
         "--tetris-extra",
         type=int,
         default=AdaspecConfig.tetris_extra,
@@ -151,6 +159,7 @@ def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
                 "baseline_tpot_ms",
                 "slo_admission",
                 "admission_max_wait_ms",
+                "adaspec_min_depth",
                 "tetris_extra",
                 "tetris_turn_on_batch_size",
                 "faser_lengths",
@@ -182,6 +191,11 @@ def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
             f"probable chain of the tree"
         )
     steps = getattr(server_args, "speculative_num_steps", None)
+    if config.spec_policy == "adaspec" and steps is not None and config.adaspec_min_depth > steps:
+        raise ConfigError(
+            f"--adaspec-min-depth {config.adaspec_min_depth} exceeds --speculative-num-steps "
+            f"({steps})"
+        )
     if config.spec_policy == "tetris" and steps is not None and steps <= config.tetris_extra:
         raise ConfigError(
             f"--tetris-extra {config.tetris_extra} leaves no verify capacity: it must be below "

@@ -41,6 +41,8 @@ class AdaspecConfig:
     slo_admission: str = "auto"
     # Aging bound of SLO-aware admission: no request waits longer for others' urgency.
     admission_max_wait_ms: float = 2000.0
+    # adaspec: floor on the drafter's depth (0: it may switch speculation off).
+    adaspec_min_depth: int = 0
     # tetris: draft tokens per request beyond its share of the verify capacity, and the batch
     # size from which batch-wide selection starts.
     tetris_extra: int = 1
@@ -92,10 +94,16 @@ class AdaspecConfig:
         self._check_policy_flags()
 
     def _check_policy_flags(self) -> None:
-        for name in ("tetris_extra", "tetris_turn_on_batch_size", "faser_window", "dropin_history"):
+        names = (
+            "adaspec_min_depth", "tetris_extra", "tetris_turn_on_batch_size", "faser_window",
+            "dropin_history",
+        )  # fmt: skip
+        for name in names:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
+        if self.adaspec_min_depth < 0:
+            raise ConfigError(f"--adaspec-min-depth must be >= 0, got {self.adaspec_min_depth}")
         if self.tetris_extra < 0:
             raise ConfigError(f"--tetris-extra must be >= 0, got {self.tetris_extra}")
         for name in ("tetris_turn_on_batch_size", "faser_window", "dropin_history"):

@@ -57,6 +57,11 @@ def test_help_lists_spec_policy_with_choices():
             "--tetris-extra 2 leaves no verify capacity",
         ),  # fmt: skip
         (
+            [*EAGLE_TREE, "--speculative-num-steps", "2", "--spec-policy", "adaspec",
+             "--adaspec-min-depth", "3"],
+            "--adaspec-min-depth 3 exceeds --speculative-num-steps (2)",
+        ),  # fmt: skip
+        (
             [*EAGLE_TREE, "--speculative-eagle-topk", "1", "--spec-policy", "faser"],
             "needs --speculative-eagle-topk >= 2 (got 1)",
         ),

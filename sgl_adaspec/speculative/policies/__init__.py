@@ -90,7 +90,7 @@ def build_policy(config, budget: int | None = None):
     if name == "adaspec":
         from sgl_adaspec.speculative.policies.adaspec import AdaspecPolicy, AdaspecPolicyConfig
 
-        return AdaspecPolicy(AdaspecPolicyConfig(**common))
+        return AdaspecPolicy(AdaspecPolicyConfig(min_depth=config.adaspec_min_depth, **common))
     if name == "tetris":
         from sgl_adaspec.speculative.policies.tetris import TetrisConfig, TetrisPolicy
 
