@@ -77,6 +77,10 @@ class SpecStats:
                 self.verified_tokens / self.iterations if self.iterations else None
             ),
             "max_verified_tokens_per_iteration": self.max_verified_tokens,
+            # Roots included: 1.0 means the policy verified no draft token at all.
+            "verified_tokens_per_request": (
+                self.verified_tokens / per_verify if per_verify else None
+            ),
             "accepted_tokens_per_verify": (
                 self.accepted_tokens / per_verify if per_verify else None
             ),

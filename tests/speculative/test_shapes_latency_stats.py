@@ -1,4 +1,5 @@
-"""Shared shape primitives and the online latency model, on hand-built cases."""
+"""Shared pieces of the policies on hand-built cases: shape primitives, the online latency model
+and the statistics."""
 
 from __future__ import annotations
 
@@ -75,3 +76,14 @@ def test_linear_latency_before_any_observation_is_unknown():
     assert LinearLatency(num_features=2).predict((1, 1)) is None
     with pytest.raises(ValueError, match="features"):
         LinearLatency(num_features=2).observe((1,), 3.0)
+
+
+def test_stats_report_verified_tokens_per_request():
+    from sgl_adaspec.speculative.stats import SpecStats
+
+    stats = SpecStats()
+    assert stats.as_dict()["verified_tokens_per_request"] is None
+    stats.observe_iteration([3, 1], [2, 1], budget=8, depth=2, width=1)
+    stats.observe_iteration([4], [4], budget=8, depth=3, width=1)
+    assert stats.as_dict()["verified_tokens_per_request"] == pytest.approx(8 / 3)
+    assert stats.as_dict()["accepted_tokens_per_verify"] == pytest.approx(7 / 3)
