@@ -63,6 +63,16 @@ class LinearLatency:
             self._coef = torch.cat([slopes, intercept.unsqueeze(0)])
         return self._coef
 
+    def predict_tensor(self, *features: torch.Tensor | float) -> torch.Tensor | None:
+        """`predict` for many points at once: one broadcastable tensor (or number) per feature;
+        float64 latencies of the broadcast shape (None before any observation)."""
+        coef = self.coefficients()
+        if coef is None:
+            return None
+        terms = (c * torch.as_tensor(x, dtype=torch.float64) for c, x in zip(coef, features))
+        latency = coef[-1] + sum(terms)
+        return torch.as_tensor(latency, dtype=torch.float64).clamp(min=0.0)
+
     def predict(self, features: tuple[float, ...]) -> float | None:
         coef = self.coefficients()
         if coef is None:

@@ -87,3 +87,14 @@ def test_stats_report_verified_tokens_per_request():
     stats.observe_iteration([4], [4], budget=8, depth=3, width=1)
     assert stats.as_dict()["verified_tokens_per_request"] == pytest.approx(8 / 3)
     assert stats.as_dict()["accepted_tokens_per_verify"] == pytest.approx(7 / 3)
+
+
+def test_linear_latency_predicts_many_points_like_one_at_a_time():
+    model = LinearLatency(num_features=2)
+    for tokens, context, ms in ((8, 0, 6.0), (16, 500, 9.0), (64, 100, 20.0), (32, 900, 14.0)):
+        model.observe((tokens, context), ms)
+    tokens = torch.tensor([[1.0, 8.0], [40.0, 200.0]])
+    many = model.predict_tensor(tokens, 300.0)
+    one = [[model.predict((float(t), 300.0)) for t in row] for row in tokens.tolist()]
+    assert many.flatten().tolist() == pytest.approx([x for row in one for x in row])
+    assert LinearLatency(num_features=1).predict_tensor(tokens) is None

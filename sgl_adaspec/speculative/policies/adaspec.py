@@ -274,12 +274,10 @@ class AdaspecPolicy(PolicyBase):
         """T_sd's terms for this batch, or None before any verify pass was observed. The verify
         table is `predict_verify_ms(B + n, sum of context)` for n = 0..max_draft_tokens, computed
         from the fit's coefficients in one go; a draft step costs 0 until one was measured."""
-        coef = self.verify_latency.coefficients()  # [3]: per verified token, per context, ms
-        if coef is None:
-            return None
         verified = it.cands.num_requests + torch.arange(max_draft_tokens + 1, dtype=torch.float64)
-        context = float(it.context_lens.sum())
-        verify_ms = (coef[0] * verified + coef[1] * context + coef[2]).clamp(min=0.0)
+        verify_ms = self.verify_latency.predict_tensor(verified, float(it.context_lens.sum()))
+        if verify_ms is None:
+            return None
         return IterationCost(self.draft_step_ms or 0.0, verify_ms)
 
     def decide(self, it: IterationInput) -> Decision:

@@ -328,11 +328,10 @@ class DropinPolicy(PolicyBase):
         """[B, K] float64: `predict_verify_ms(batch_tokens, context_tokens)` for every entry,
         evaluated on the fitted coefficients in one go (same model and clamp at 0). Constant 1
         before the first observation."""
-        coef = self.verify_latency.coefficients()  # [tokens slope, context slope, intercept]
-        if coef is None:
+        latency = self.verify_latency.predict_tensor(batch_tokens.double(), context_tokens)
+        if latency is None:
             return torch.ones(batch_tokens.shape, dtype=torch.float64)
-        latency = coef[0] * batch_tokens.double() + coef[1] * context_tokens + coef[2]
-        return latency.clamp(min=0.0)
+        return latency
 
 
 def _tokens_upto(cands: Candidates, max_depth: int, width: int) -> torch.Tensor:
