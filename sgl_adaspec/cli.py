@@ -57,6 +57,31 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
         "(default: all of its candidates).",
     )
     group.add_argument(
+        "--adaserve-verify-tokens-per-step",
+        type=int,
+        default=AdaspecConfig.adaserve_verify_tokens_per_step,
+        metavar="B1",
+        help="adaserve: B1 of the load-adaptive depth d = clip(B1 / n - 1, 1, num-steps) for n "
+        "running requests (default: %(default)s).",
+    )
+    group.add_argument(
+        "--adaserve-draft-tokens-per-step",
+        type=int,
+        default=AdaspecConfig.adaserve_draft_tokens_per_step,
+        metavar="B2",
+        help="adaserve: B2 of the load-adaptive beam width w = clip(B2 / n, 1, topk) for n "
+        "running requests (default: %(default)s).",
+    )
+    group.add_argument(
+        "--draft-tiers",
+        type=str,
+        default=AdaspecConfig.draft_tiers,
+        metavar="{on,off}",
+        help="on: the draft's beam search runs at the policy's depth and width (fewer, narrower "
+        "draft steps under load); needs --attention-backend torch_native, elsewhere the "
+        "configured search runs. off: always the configured search (default: %(default)s).",
+    )
+    group.add_argument(
         "--baseline-tpot-ms",
         type=float,
         default=AdaspecConfig.baseline_tpot_ms,
@@ -156,6 +181,9 @@ def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
                 "slo_config",
                 "adaserve_budget",
                 "adaserve_max_nodes_per_request",
+                "adaserve_verify_tokens_per_step",
+                "adaserve_draft_tokens_per_step",
+                "draft_tiers",
                 "baseline_tpot_ms",
                 "slo_admission",
                 "admission_max_wait_ms",

@@ -35,6 +35,12 @@ class AdaspecConfig:
     adaserve_budget: int | None = None
     # n_max: most candidates the SLO phase gives one request (None: all of its candidates).
     adaserve_max_nodes_per_request: int | None = None
+    # adaserve eq. 8-9: verify tokens (B1) and draft tokens (B2) per step for the whole batch.
+    adaserve_verify_tokens_per_step: int = 256
+    adaserve_draft_tokens_per_step: int = 64
+    # Run the draft at the policy's (depth, width) where supported ("on"), or always at the
+    # configured --speculative-num-steps / --speculative-eagle-topk ("off").
+    draft_tiers: str = "on"
     # TPOT without speculation (ms) for relative SLO classes (None: estimated online).
     baseline_tpot_ms: float | None = None
     # SLO-aware admission of waiting requests: "auto" (the policy's default), "on", "off".
@@ -66,10 +72,18 @@ class AdaspecConfig:
                 f"choose one of: {', '.join(policy_names())}"
             )
 
-        for name in ("adaserve_budget", "adaserve_max_nodes_per_request"):
+        for name in (
+            "adaserve_budget", "adaserve_max_nodes_per_request",
+            "adaserve_verify_tokens_per_step", "adaserve_draft_tokens_per_step",
+        ):  # fmt: skip
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
+        for name in ("adaserve_verify_tokens_per_step", "adaserve_draft_tokens_per_step"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.draft_tiers not in ("on", "off"):
+            raise ConfigError(f"--draft-tiers must be on or off, got {self.draft_tiers!r}")
         if self.adaserve_budget is not None and self.adaserve_budget < 1:
             raise ConfigError(f"--adaserve-budget must be >= 1, got {self.adaserve_budget}")
         n_max = self.adaserve_max_nodes_per_request

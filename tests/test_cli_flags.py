@@ -51,6 +51,11 @@ def test_help_lists_spec_policy_with_choices():
         (["--spec-policy", "faser", "--faser-overlap"], "needs GPU SM partitions"),
         (["--spec-policy", "faser", "--faser-lengths", "2,x"], "--faser-lengths must be"),
         (["--spec-policy", "tetris", "--tetris-extra", "-1"], "--tetris-extra must be >= 0"),
+        (["--draft-tiers", "maybe"], "--draft-tiers must be on or off, got 'maybe'"),
+        (
+            ["--adaserve-draft-tokens-per-step", "0"],
+            "--adaserve-draft-tokens-per-step must be >= 1, got 0",
+        ),
         (
             [*EAGLE_TREE, "--speculative-num-steps", "2", "--spec-policy", "tetris",
              "--tetris-extra", "2"],

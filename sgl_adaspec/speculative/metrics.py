@@ -45,8 +45,12 @@ class PrometheusSink:
         self.verifies = Counter(
             f"{PREFIX}request_verifies", "Request verifications (one per request per iteration)"
         )
+        self.draft_rows = Counter(
+            f"{PREFIX}draft_rows", "Rows of the draft's decode forwards (steps - 1) * requests * width"
+        )
         self.shape = Gauge(
-            f"{PREFIX}iteration_shape", "Last iteration's budget B, depth d and width w",
+            f"{PREFIX}iteration_shape",
+            "Last iteration's budget B, depth d and width w, and the shape the draft ran",
             ["parameter"], multiprocess_mode="mostrecent",
         )  # fmt: skip
 
@@ -55,6 +59,11 @@ class PrometheusSink:
         self.accepted.inc(sum(accepted))
         self.verifies.inc(len(verified))
         for name, value in (("budget", budget), ("depth", depth), ("width", width)):
+            self.shape.labels(name).set(value)
+
+    def observe_draft(self, depth, width, rows) -> None:
+        self.draft_rows.inc(rows)
+        for name, value in (("draft_depth", depth), ("draft_width", width)):
             self.shape.labels(name).set(value)
 
     def observe_finished(self, slo_class: str, tpot_ms: float, met: bool) -> None:

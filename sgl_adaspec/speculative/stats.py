@@ -38,6 +38,12 @@ class SpecStats:
     last_budget: int | None = None
     last_depth: int | None = None
     last_width: int | None = None
+    # What the draft ran: its last (depth, width) and the rows of all its decode forwards
+    # (a tier of depth d and width w over n requests runs (d - 1) * n * w rows).
+    last_draft_depth: int | None = None
+    last_draft_width: int | None = None
+    draft_rows: int = 0
+    drafts: int = 0
     t_spec_ms: float | None = None
     baseline_tpot_ms: float | None = None
     cost_profile: dict | None = None
@@ -56,6 +62,13 @@ class SpecStats:
         self.last_budget, self.last_depth, self.last_width = budget, depth, width
         for sink in self.sinks:
             sink.observe_iteration(verified, accepted, budget, depth, width)
+
+    def observe_draft(self, depth: int, width: int, rows: int) -> None:
+        self.drafts += 1
+        self.draft_rows += rows
+        self.last_draft_depth, self.last_draft_width = depth, width
+        for sink in self.sinks:
+            sink.observe_draft(depth, width, rows)
 
     def observe_finished(
         self, slo_class: str, tpot_ms: float, tpot_slo_ms: float | None, infeasible: bool = False
@@ -87,6 +100,9 @@ class SpecStats:
             "budget": self.last_budget,
             "depth": self.last_depth,
             "width": self.last_width,
+            "draft_depth": self.last_draft_depth,
+            "draft_width": self.last_draft_width,
+            "draft_rows_per_iteration": self.draft_rows / self.drafts if self.drafts else None,
             "t_spec_ms": self.t_spec_ms,
             "baseline_tpot_ms": self.baseline_tpot_ms,
             "cost_profile": self.cost_profile,

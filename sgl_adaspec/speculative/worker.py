@@ -37,6 +37,7 @@ from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase
+from sgl_adaspec.speculative.tiered_draft import run_draft, runs_tiers
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +47,14 @@ VERIFIED_TOKENS_KEY = "adaspec_verified_tokens"
 @dataclass
 class Iteration:
     """What one speculative iteration learns before verification.
-    path_prob [bs, ntok-1]: f of SGLang's candidate nodes, in its node order (root excluded)."""
+    path_prob [bs, ntok-1]: f of SGLang's candidate nodes, in its node order (root excluded);
+    negative for padding nodes of a draft tier (`draft_tiers`).
+    draft_shape: the (depth, width) the policy asked the draft for; draft_ran: the shape the
+    draft actually ran (the configured one where tiers are not supported)."""
 
     path_prob: torch.Tensor | None = None
+    draft_shape: tuple[int, int] | None = None
+    draft_ran: tuple[int, int] | None = None
 
 
 _ITERATION: contextvars.ContextVar[Iteration | None] = contextvars.ContextVar(
@@ -116,6 +122,7 @@ def _policy_of(worker) -> PolicyBase | None:
             getattr(policy, "config", policy),
             policy.stats.cost_profile or "not available",
         )
+    worker._adaspec_draft_tiers = config.draft_tiers == "on"
     worker._adaspec_policy = policy
     return policy
 
@@ -166,11 +173,29 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     if policy is None or batch.forward_mode.is_extend() or batch.is_extend_in_batch:
         return original(worker, batch, *args, **kwargs)
     start = time.perf_counter()
-    with iteration_scope():
+    with iteration_scope() as scope:
+        if worker._adaspec_draft_tiers and not batch.forward_mode.is_idle():
+            scope.draft_shape = policy.draft_shape(
+                len(batch.reqs), worker.speculative_num_steps, worker.topk
+            )
         result = original(worker, batch, *args, **kwargs)
     if not batch.forward_mode.is_idle():
-        policy.observe_iteration(1000 * (time.perf_counter() - start), worker.speculative_num_steps)
+        # No record when SGLang replayed its draft graph instead of calling draft_forward.
+        depth, width = scope.draft_ran or (worker.speculative_num_steps, worker.topk)
+        policy.observe_iteration(1000 * (time.perf_counter() - start), depth)
+        policy.stats.observe_draft(depth, width, (depth - 1) * len(batch.reqs) * width)
     return result
+
+
+def draft_forward(original: Callable, draft_worker, forward_batch):
+    """AROUND `EagleDraftWorker.draft_forward`: the beam search at the policy's draft shape."""
+    scope = _ITERATION.get()
+    if scope is None or forward_batch.forward_mode.is_idle():
+        return original(draft_worker, forward_batch)
+    tiered = runs_tiers(draft_worker, forward_batch)
+    shape = scope.draft_shape if tiered else None
+    scope.draft_ran = shape or (draft_worker.speculative_num_steps, draft_worker.topk)
+    return run_draft(original, draft_worker, forward_batch, shape)
 
 
 def organize_draft_results(original: Callable, score_list, token_list, parents_list, num_draft):
@@ -198,7 +223,7 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         return original(worker, batch, *args, **kwargs)
     verify_input = batch.spec_info
     try:
-        it = iteration_input(worker, batch, policy, scope.path_prob)
+        it = iteration_input(worker, batch, policy, scope)
         decision = policy.decide(it)
         for req, hopeless in zip(batch.reqs, decision.infeasible.tolist()):
             req._adaspec_state.infeasible |= hopeless
@@ -234,10 +259,11 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     return result
 
 
-def iteration_input(worker, batch, policy: PolicyBase, path_prob: torch.Tensor) -> IterationInput:
+def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> IterationInput:
     """What the policy sees of this iteration (see `IterationInput`)."""
     reqs = batch.reqs
-    cands = candidates_from_verify_input(batch.spec_info, path_prob)
+    cands = candidates_from_verify_input(batch.spec_info, scope.path_prob)
+    depth, width = scope.draft_ran or (worker.speculative_num_steps, worker.topk)
     slo = slo_batch(reqs, policy, policy.baseline_tpot_ms())
     return IterationInput(
         cands=cands,
@@ -246,8 +272,8 @@ def iteration_input(worker, batch, policy: PolicyBase, path_prob: torch.Tensor) 
         context_lens=torch.tensor(
             [len(req.origin_input_ids) + len(req.output_ids) for req in reqs], dtype=torch.long
         ),
-        draft_steps=worker.speculative_num_steps,
-        draft_topk=worker.topk,
+        draft_steps=depth,
+        draft_topk=width,
         history=(
             tuple(list(req.origin_input_ids) + list(req.output_ids) for req in reqs)
             if policy.needs_history
@@ -311,7 +337,8 @@ def candidates_from_verify_input(verify_input, path_prob: torch.Tensor) -> Candi
     bs, ntok = verify_input.retrieve_next_token.shape
     draft_tokens = verify_input.draft_token.view(bs, ntok)
     node_parents = parents[:, 1:] - 1  # root (0) -> -1; unlinked (NO_NODE) -> -2
-    valid = node_parents >= -1
+    # A draft tier's padding nodes carry negative scores (see `draft_tiers`): never candidates.
+    valid = (node_parents >= -1) & (path_prob.cpu() >= 0)
     node_parents = torch.where(valid, node_parents, -1)
     prob = path_prob.float().cpu().clamp(0.0, 1.0)
     # f never exceeds the parent's (Candidates checks it); enforce it against rounding.
@@ -413,6 +440,11 @@ def register(registry, hook_type) -> None:
     )
     registry.register(f"{worker}.forward_batch_generation", forward_batch_generation, around)
     registry.register(f"{worker}.verify", verify, around)
+    registry.register(
+        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward",
+        draft_forward,
+        around,
+    )
     registry.register(
         "sglang.srt.speculative.eagle_utils.organize_draft_results", organize_draft_results, around
     )

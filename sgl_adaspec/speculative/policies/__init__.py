@@ -78,12 +78,17 @@ def build_policy(config, budget: int | None = None):
     if name == "static":
         return None
     if name == "adaserve":
+        from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
         from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
 
         return AdaservePolicy(
             AdaserveConfig(
                 budget=budget if config.adaserve_budget is None else config.adaserve_budget,
                 max_nodes_per_request=config.adaserve_max_nodes_per_request,
+                tree=AdaptiveTreeConfig(
+                    verify_tokens_per_step=config.adaserve_verify_tokens_per_step,
+                    draft_tokens_per_step=config.adaserve_draft_tokens_per_step,
+                ),
                 **common,
             )
         )

@@ -64,6 +64,11 @@ class AdaservePolicy(PolicyBase):
         self.baseline_tpot_ms_config = self.config.baseline_tpot_ms
         super().__post_init__()
 
+    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
+        """Eq. 8-9: the load-adaptive (d, w), so the draft's own work shrinks under load."""
+        depth, width = tree_shape(num_requests, self.config.tree)
+        return min(depth, steps), min(width, topk)
+
     def plan(self, cands: Candidates) -> Plan:
         depth, width = tree_shape(cands.num_requests, self.config.tree)
         budget = self.config.budget

@@ -1,8 +1,9 @@
 """What every speculation policy is to the SGLang adapter (`speculative/worker.py`).
 
 One speculative iteration, as the adapter drives it:
-1. SGLang's EAGLE draft builds each request's candidate tree (`Candidates`, depth up to
-   `--speculative-num-steps`, width up to `--speculative-eagle-topk`);
+1. SGLang's EAGLE draft builds each request's candidate tree (`Candidates`) by a beam search
+   of the depth and width `policy.draft_shape` asks for (at most `--speculative-num-steps`
+   and `--speculative-eagle-topk`; see `draft_tiers`);
 2. `policy.decide(IterationInput)` -> `Decision`: which candidates each request verifies
    (a `Selection`, closed under parent) and the shape it followed, for the metrics;
 3. the target verifies the selected nodes; the adapter reports back with `observe_verify`
@@ -35,8 +36,9 @@ class IterationInput:
     - slo: the requests' SLO state (TPOT SLO, decode time and tokens so far);
     - rids: the requests' ids, [B] strings, stable across iterations (per-request state key);
     - context_lens [B] int64: tokens each request holds in the KV cache (prompt + output);
-    - draft_steps / draft_topk: the draft's configured depth and width (SGLang's
-      --speculative-num-steps / --speculative-eagle-topk);
+    - draft_steps / draft_topk: the depth and width the draft ran this iteration (the
+      policy's `draft_shape`, or SGLang's --speculative-num-steps / --speculative-eagle-topk
+      where draft tiers do not run);
     - history: each request's tokens so far (prompt + output), only for policies that set
       `needs_history` (building it costs a copy per request per iteration); else None."""
 
@@ -103,6 +105,11 @@ class PolicyBase:
 
     def decide(self, it: IterationInput) -> Decision:
         raise NotImplementedError
+
+    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
+        """(depth, width) of the draft's beam search this iteration, asked before the draft
+        runs, within the configured (steps, topk). Default: the configured search."""
+        return steps, topk
 
     def _smooth(self, old: float | None, new: float) -> float:
         alpha = self.latency_smoothing

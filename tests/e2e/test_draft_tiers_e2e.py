@@ -1,0 +1,84 @@
+"""Draft tiers end to end on CPU with real SGLang: adaserve's load-adaptive (d, w) shrinks the
+draft's own beam search (fewer draft rows per iteration than the configured search), and greedy
+outputs stay token-identical to no speculation.
+
+With B1 = 9 and B2 = 4 the tier follows the number of running requests n: (4, 4) alone,
+(3, 2) for two, (2, 1) for three (a one-beam chain), so one run crosses several tiers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+import requests
+
+from sgl_adaspec.testing import client
+from sgl_adaspec.testing.server import eagle_flags
+
+from .conftest import start
+
+PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n\n", "The quick brown fox")
+SLOS = ({"tpot_slo_ms": 5.0}, {"tpot_slo_ms": 5000.0}, None)
+MAX_NEW_TOKENS = 32
+STEPS, TOPK = 4, 4
+TIER_FLAGS = ("--adaserve-verify-tokens-per-step", "9", "--adaserve-draft-tokens-per-step", "4")
+
+
+def generate(url: str, prompt: str, custom_params: dict | None = None, temperature: float = 0.0):
+    return client.generate(url, prompt, MAX_NEW_TOKENS, custom_params, temperature)
+
+
+def serve(tmp_path_factory, target, draft, *extra) -> tuple[list[list[int]], dict]:
+    flags = (
+        *eagle_flags(draft, steps=STEPS, topk=TOPK, num_draft_tokens=8),
+        "--spec-policy", "adaserve", *TIER_FLAGS, *extra,
+    )  # fmt: skip
+    server = start(tmp_path_factory, "tiers" + "-".join(extra), target, *flags)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            outputs = list(pool.map(lambda job: generate(server.url, *job), zip(PROMPTS, SLOS)))
+        # One request alone runs the full tier; sampling on a tiered draft completes too.
+        alone = generate(server.url, PROMPTS[0], temperature=0.8)
+        assert alone["meta_info"]["completion_tokens"] == MAX_NEW_TOKENS
+        info = requests.get(f"{server.url}/server_info", timeout=60).json()
+    finally:
+        server.stop()
+    assert "policy decision failed" not in server.log_path.read_text()
+    return [out["output_ids"] for out in outputs], info["internal_states"][0]["adaspec"]["stats"]
+
+
+def reference(tmp_path_factory, target) -> list[list[int]]:
+    server = start(tmp_path_factory, "plain-tiers-ref", target)
+    try:
+        return [generate(server.url, prompt)["output_ids"] for prompt in PROMPTS]
+    finally:
+        server.stop()
+
+
+def test_tiers_shrink_the_draft_and_stay_lossless(models, tmp_path_factory):
+    expected = reference(tmp_path_factory, models.target)
+    tiered, tiered_stats = serve(tmp_path_factory, models.target, models.eagle_draft)
+    full, full_stats = serve(
+        tmp_path_factory, models.target, models.eagle_draft, "--draft-tiers", "off"
+    )
+    assert tiered == expected
+    assert full == expected
+    # Off: every iteration drafts (steps - 1) * n * topk rows; on: the tiers run far fewer.
+    per_request_full = full_stats["draft_rows_per_iteration"] * full_stats["iterations"]
+    assert per_request_full == pytest.approx(
+        (STEPS - 1) * TOPK * full_stats["verified_tokens_per_iteration"] * full_stats["iterations"]
+        / full_stats["verified_tokens_per_request"]
+    )
+    assert tiered_stats["draft_rows_per_iteration"] < 0.7 * full_stats["draft_rows_per_iteration"]
+    # The last iteration served the lone sampled request: the full tier.
+    assert (tiered_stats["draft_depth"], tiered_stats["draft_width"]) == (STEPS, TOPK)
+
+
+@pytest.mark.slow
+def test_tiers_commit_accepted_drafts(models, tmp_path_factory):
+    """The bigram pair (the draft is always right): tiered drafts are still accepted."""
+    expected = reference(tmp_path_factory, models.bigram_target)
+    outputs, stats = serve(tmp_path_factory, models.bigram_target, models.bigram_eagle_draft)
+    assert outputs == expected
+    assert stats["accepted_tokens_per_verify"] > 1.2
