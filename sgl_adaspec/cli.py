@@ -62,7 +62,8 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
         default=AdaspecConfig.adaserve_verify_tokens_per_step,
         metavar="B1",
         help="adaserve: B1 of the load-adaptive depth d = clip(B1 / n - 1, 1, num-steps) for n "
-        "running requests (default: %(default)s).",
+        "running requests (default: the verify budget, --adaserve-budget or the start-up "
+        "profile's knee; 256 without either).",
     )
     group.add_argument(
         "--adaserve-draft-tokens-per-step",

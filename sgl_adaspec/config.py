@@ -35,8 +35,9 @@ class AdaspecConfig:
     adaserve_budget: int | None = None
     # n_max: most candidates the SLO phase gives one request (None: all of its candidates).
     adaserve_max_nodes_per_request: int | None = None
-    # adaserve eq. 8-9: verify tokens (B1) and draft tokens (B2) per step for the whole batch.
-    adaserve_verify_tokens_per_step: int = 256
+    # adaserve eq. 8-9: verify tokens (B1; None: the verify budget B) and draft tokens (B2) per
+    # step for the whole batch.
+    adaserve_verify_tokens_per_step: int | None = None
     adaserve_draft_tokens_per_step: int = 64
     # Run the draft at the policy's (depth, width) where supported ("on"), or always at the
     # configured --speculative-num-steps / --speculative-eagle-topk ("off").
@@ -80,7 +81,7 @@ class AdaspecConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
         for name in ("adaserve_verify_tokens_per_step", "adaserve_draft_tokens_per_step"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.draft_tiers not in ("on", "off"):
             raise ConfigError(f"--draft-tiers must be on or off, got {self.draft_tiers!r}")

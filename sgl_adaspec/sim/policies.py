@@ -29,7 +29,7 @@ from sgl_adaspec.config import AdaspecConfig
 
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.sim.trees import SampledTrees
-from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, tree_shape
+from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
@@ -230,7 +230,7 @@ class Adaserve:
         num_requests = slo.num_requests
         tree = self.config.tree
         if self.draft_shape == "planned":
-            depth, width = tree_shape(num_requests, tree)
+            depth, width = self.policy.draft_shape(num_requests, tree.max_depth, tree.max_width)
         else:
             depth, width = tree.max_depth, tree.max_width
         trees = draft(depth, width)
@@ -273,18 +273,18 @@ class ServerPolicy:
     def decide(
         self, slo: SloBatch, draft: Drafter, rids: tuple[str, ...], context_lens: np.ndarray
     ) -> Decision:
-        trees = draft(self.depth, self.width)
+        # The draft runs at the policy's shape, as the server's draft tiers run it.
+        depth, width = self.policy.draft_shape(slo.num_requests, self.depth, self.width)
+        trees = draft(depth, width)
         # What SGLang hands the policy: its rerank keeps each request's top nodes by f.
         full = trees.candidates()
         kept = select_static(full, self.num_draft_tokens - 1).mask
         cands = Candidates(full.tokens, full.parents, full.path_prob, kept)
-        it = IterationInput(
-            cands, slo, rids, torch.from_numpy(context_lens), self.depth, self.width
-        )
+        it = IterationInput(cands, slo, rids, torch.from_numpy(context_lens), depth, width)
         decision = self.policy.decide(it)
-        self._batch = (rids, int(context_lens.sum()))
+        self._batch = (rids, int(context_lens.sum()), depth)
         return Decision(
-            _beam_forwards(slo.num_requests, self.depth, self.width),
+            _beam_forwards(slo.num_requests, depth, width),
             trees,
             decision.selection.mask.numpy(),
             decision.selection.num_tokens.numpy(),
@@ -294,12 +294,12 @@ class ServerPolicy:
         )
 
     def observe(self, decision, accepted, latency_ms, verify_ms) -> None:
-        rids, context = self._batch
+        rids, context, depth = self._batch
         verified = torch.from_numpy(decision.verified)
         committed = torch.from_numpy(accepted + 1)
         self.policy.observe_verify(verify_ms, int(verified.sum()), context)
         self.policy.observe_outcome(rids, verified, committed)
-        self.policy.observe_iteration(latency_ms, self.depth)
+        self.policy.observe_iteration(latency_ms, depth)
         self.policy.stats.observe_iteration(
             verified.tolist(), committed.tolist(), decision.budget, decision.depth, decision.width
         )
@@ -309,7 +309,7 @@ class ServerPolicy:
 SERVER_POLICY_NAMES = ("adaspec", "tetris", "faser", "dropin")
 POLICY_NAMES = ("none", "static", "sglang-adaptive", "adaserve") + SERVER_POLICY_NAMES
 # Not in the default sweep: adaserve whose draft always runs the configured maximum shape
-# (D_max x W_max) and only selection adapts, as the server does today.
+# (D_max x W_max) and only selection adapts, as the server does with --draft-tiers off.
 EXTRA_POLICY_NAMES = ("adaserve-full-draft",)
 
 

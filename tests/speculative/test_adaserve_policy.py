@@ -118,3 +118,30 @@ def test_request_that_cannot_meet_its_slo_even_alone_is_served_best_effort():
     assert policy.infeasible(slo, plan).tolist() == [True, False]
     assert required[0] == 0.0 and required[1] > 0
     assert selection.counts.tolist() == [0, 3]  # the budget goes to the request it can help
+
+
+def test_draft_shape_follows_load_within_the_configured_search():
+    tree = AdaptiveTreeConfig(verify_tokens_per_step=16, draft_tokens_per_step=8)
+    policy = AdaservePolicy(AdaserveConfig(tree=tree))
+    # n = 1: d = 15 and w = 8 clipped to the configured (4, 4); n = 4: (3, 2); n = 8: (1, 1).
+    assert policy.draft_shape(1, 4, 4) == (4, 4)
+    assert policy.draft_shape(4, 4, 4) == (3, 2)
+    assert policy.draft_shape(8, 4, 4) == (1, 1)
+    assert policy.draft_shape(4, 2, 1) == (2, 1)
+
+
+def test_server_policy_takes_b1_from_the_verify_budget_unless_set():
+    from sgl_adaspec.config import AdaspecConfig
+    from sgl_adaspec.speculative.policies import build_policy
+
+    knee = build_policy(AdaspecConfig(spec_policy="adaserve"), budget=48)
+    assert knee.config.tree.verify_tokens_per_step == 48
+    flag = build_policy(
+        AdaspecConfig(spec_policy="adaserve", adaserve_budget=32, adaserve_draft_tokens_per_step=8)
+    )
+    assert (flag.config.tree.verify_tokens_per_step, flag.config.tree.draft_tokens_per_step) == (32, 8)
+    own = build_policy(
+        AdaspecConfig(spec_policy="adaserve", adaserve_verify_tokens_per_step=20), budget=48
+    )
+    assert (own.config.budget, own.config.tree.verify_tokens_per_step) == (48, 20)
+    assert build_policy(AdaspecConfig(spec_policy="adaserve")).config.tree.verify_tokens_per_step == 256

@@ -127,3 +127,18 @@ def test_beam_step_matches_sglang(width):
         probs = torch.softmax(torch.randn(bsz * width, VOCAB, generator=gen), dim=-1)
         ours_p, ours_i = torch.topk(probs, width, dim=-1)
         theirs_p, theirs_i = ours_p, ours_i
+
+
+def test_chain_policies_draft_one_beam_and_tree_policies_keep_their_width():
+    from sgl_adaspec.config import AdaspecConfig
+    from sgl_adaspec.speculative.policies import build_policy
+
+    def shape(name: str, **flags) -> tuple[int, int]:
+        return build_policy(AdaspecConfig(spec_policy=name, **flags)).draft_shape(3, 5, 4)
+
+    assert shape("adaspec") == (5, 1)
+    assert shape("tetris") == (5, 1)
+    assert shape("faser") == (5, 1)
+    assert shape("faser", faser_lengths="1,3") == (3, 1)
+    assert shape("faser", faser_lengths="2,9") == (5, 1)
+    assert shape("dropin") == (5, 4)

@@ -6,6 +6,7 @@ imported lazily so that parsing flags never imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -81,14 +82,17 @@ def build_policy(config, budget: int | None = None):
         from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
         from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
 
+        budget = budget if config.adaserve_budget is None else config.adaserve_budget
+        # B1 is the verifier's tokens per step: the verify budget unless set on its own.
+        verify_tokens = config.adaserve_verify_tokens_per_step or budget
+        tree = AdaptiveTreeConfig(draft_tokens_per_step=config.adaserve_draft_tokens_per_step)
+        if verify_tokens is not None:
+            tree = dataclasses.replace(tree, verify_tokens_per_step=verify_tokens)
         return AdaservePolicy(
             AdaserveConfig(
-                budget=budget if config.adaserve_budget is None else config.adaserve_budget,
+                budget=budget,
                 max_nodes_per_request=config.adaserve_max_nodes_per_request,
-                tree=AdaptiveTreeConfig(
-                    verify_tokens_per_step=config.adaserve_verify_tokens_per_step,
-                    draft_tokens_per_step=config.adaserve_draft_tokens_per_step,
-                ),
+                tree=tree,
                 **common,
             )
         )

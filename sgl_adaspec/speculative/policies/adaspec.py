@@ -280,6 +280,11 @@ class AdaspecPolicy(PolicyBase):
             return None
         return IterationCost(self.draft_step_ms or 0.0, verify_ms)
 
+    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
+        """A chain policy reads only each request's most probable chain, which a width-1 beam
+        drafts (the draft's argmax at every step) at 1 / topk of the draft rows."""
+        return steps, 1
+
     def decide(self, it: IterationInput) -> Decision:
         cands = it.cands
         bsz = cands.num_requests

@@ -280,6 +280,11 @@ class FaserPolicy(PolicyBase):
         mean, var = gp_posterior(x.expand_as(y), y, noise_var, observed, x, cfg.lengthscale)
         return lengths[lcb_argmin(mean, var, cfg.beta)]
 
+    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
+        """A chain policy reads only each request's most probable chain, which a width-1 beam
+        drafts (the draft's argmax at every step) at 1 / topk of the draft rows."""
+        return max(self.candidate_lengths(steps)), 1
+
     def decide(self, it: IterationInput) -> Decision:
         bsz = it.cands.num_requests
         lengths = torch.tensor(self.candidate_lengths(it.draft_steps), dtype=torch.int64)  # [S]

@@ -78,6 +78,11 @@ class TetrisPolicy(PolicyBase):
             )
         return share
 
+    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
+        """A chain policy reads only each request's most probable chain, which a width-1 beam
+        drafts (the draft's argmax at every step) at 1 / topk of the draft rows."""
+        return steps, 1
+
     def decide(self, it: IterationInput) -> Decision:
         num_requests = it.cands.num_requests
         share = self.capacity_share(it.draft_steps)
