@@ -1,4 +1,5 @@
-"""`python -m sgl_adaspec.sim [--experiment rps-sweep] [options]`; see docs/simulator.md.
+"""`python -m sgl_adaspec.sim [--experiment rps-sweep|adaserve-grid] [options]`; see
+docs/simulator.md.
 
 Defaults live in `experiments.SweepConfig`; flags left out keep them.
 """
@@ -16,7 +17,7 @@ from sgl_adaspec.sim.experiments import SweepConfig, rps_sweep_main
 from sgl_adaspec.sim.latency import PRESETS
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES
 
-EXPERIMENTS = ("rps-sweep",)
+EXPERIMENTS = ("rps-sweep", "adaserve-grid")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -61,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # tiny tensors; leave the other cores alone
     if experiment == "rps-sweep":
         rps_sweep_main(config)
+    elif experiment == "adaserve-grid":
+        from sgl_adaspec.sim.grid import grid_main
+
+        grid_main(config)
     return 0
 
 
