@@ -332,3 +332,17 @@ def test_confidence_history_is_a_running_mean_per_step():
     policy.decide(iteration(chains([0.9, 0.45], [0.3, 0.0]), [INF, INF]))
     policy.observe_outcome(*outcome)
     assert policy.predicted_confidence(2).tolist() == pytest.approx([0.65, 0.375])
+
+
+def test_draft_shape_is_a_chain_one_step_deeper_than_the_last_depth():
+    policy = fitted_policy()
+    assert policy.draft_shape(2, 4, 3) == (4, 1)  # nothing decided yet: the configured depth
+    policy.observe_verify(30.0, 4, 250)
+    tight = iteration(chains([0.9, 0.8], [0.3, 0.2]), [INF, 12.2])
+    depth = policy.decide(tight).depth
+    assert policy.draft_shape(2, 4, 3) == (min(depth + 1, 4), 1)
+    policy._last_depth = 0  # speculation switched off: the next draft still probes one step
+    assert policy.draft_shape(2, 4, 3) == (1, 1)
+    floor = fitted_policy(AdaspecPolicyConfig(min_depth=3))
+    floor._last_depth = 0
+    assert floor.draft_shape(2, 4, 3) == (3, 1)

@@ -267,3 +267,15 @@ def test_mle_verify_latency_counts_the_rest_of_the_batch():
     # Request r0 at k with r1 at its current window 4 (5 tokens): 6 + k tokens, b_p = 34 + 4k:
     # 1.5/38 < 1.75/42 > 1.875/46 > 1.9375/50 -> k = 2 (alone it would be k = 1); same for r1.
     assert policy.decide(iteration(cands, 4)).selection.counts.tolist() == [2, 2]
+
+
+def test_draft_shape_is_one_step_deeper_than_the_deepest_window():
+    policy = DropinPolicy(DropinConfig(variant=DropinVariant.FSM))
+    assert policy.draft_shape(2, 4, 2) == (4, 2)  # no request yet: the configured search
+    cands = wide_tree()
+    policy.decide(iteration(cands, 3, draft_topk=2))
+    outcome(policy, 1, 1)  # both rejected at once: windows 3 -> 2
+    assert policy.draft_shape(2, 4, 2) == (3, 2)
+    policy.forget("r0")
+    policy.forget("r1")
+    assert policy.draft_shape(2, 4, 2) == (4, 2)

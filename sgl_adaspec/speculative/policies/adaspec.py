@@ -257,6 +257,8 @@ class AdaspecPolicy(PolicyBase):
     # The last decision's per-step mean confidence [D] and which steps had tokens [D] bool,
     # folded into the running mean once its outcome is observed.
     _pending: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    # The drafter's last depth: the next draft runs one step deeper (Alg. 1's predict step).
+    _last_depth: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
@@ -281,9 +283,12 @@ class AdaspecPolicy(PolicyBase):
         return IterationCost(self.draft_step_ms or 0.0, verify_ms)
 
     def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
-        """A chain policy reads only each request's most probable chain, which a width-1 beam
-        drafts (the draft's argmax at every step) at 1 / topk of the draft rows."""
-        return steps, 1
+        """A chain (width-1 beam: the draft's argmax at every step, 1 / topk of the draft rows)
+        one step deeper than the depth the drafter chose last (predict), so the decision on
+        the drafted chain (execute, correct) can keep, cut or grow it by one."""
+        if self._last_depth is None:
+            return steps, 1
+        return min(max(self._last_depth + 1, self.config.min_depth, 1), steps), 1
 
     def decide(self, it: IterationInput) -> Decision:
         cands = it.cands
@@ -315,6 +320,7 @@ class AdaspecPolicy(PolicyBase):
             predicted = self.predicted_confidence(max_d)
             depth = drafter_depth(ar, lengths, predicted, cost, slo, min_depth)
             lengths = confidence_prior_prune(ar, lengths.clamp(max=depth), depth, cost, slo)
+        self._last_depth = depth
         mask = chain_prefix_mask(cands, nodes, lengths.to(nodes.device))  # [B, N]
         infeasible = infeasible.to(cands.valid.device)
         return Decision(selection_from_mask(mask), depth, 1, bsz + int(lengths.sum()), infeasible)

@@ -196,6 +196,14 @@ class DropinPolicy(PolicyBase):
     def needs_history(self) -> bool:
         return self.config.variant is DropinVariant.CACHE_FSM
 
+    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
+        """The configured width, one step deeper than the deepest window of the running
+        requests (so a window can grow by one per iteration); the full depth before any."""
+        windows = [state.window for state in self._requests.values()]
+        if not windows:
+            return steps, topk
+        return min(max(max(windows) + 1, self.config.min_window, 1), steps), topk
+
     def window_range(self, draft_steps: int) -> tuple[int, int]:
         """[lo, hi] windows: the configured range, hi never deeper than the draft."""
         hi = min(self.config.max_window or draft_steps, draft_steps)
