@@ -15,18 +15,24 @@ from .conftest import start
 
 
 def finish_order(url: str) -> list[str]:
-    def send(name: str, custom_params: dict, delay_s: float):
+    def send(name: str, custom_params: dict, delay_s: float, max_new_tokens: int):
         time.sleep(delay_s)
         body = {
             "text": f"# request {name}\ndef f(x):",
             "sampling_params": {
-                "temperature": 0.0, "max_new_tokens": 48, "custom_params": custom_params,
+                "temperature": 0.0, "max_new_tokens": max_new_tokens,
+                "custom_params": custom_params,
             },
         }  # fmt: skip
         requests.post(f"{url}/generate", json=body, timeout=300).raise_for_status()
         return name, time.perf_counter()
 
-    jobs = [("be1", {}, 0.0), ("be2", {}, 0.05), ("be3", {}, 0.1), ("urgent", {"ttft_slo_ms": 50}, 0.3)]
+    # Arrivals far enough apart to keep their order on a loaded machine; be1 runs long enough
+    # that all the others queue behind it.
+    jobs = [
+        ("be1", {}, 0.0, 160), ("be2", {}, 0.25, 48), ("be3", {}, 0.5, 48),
+        ("urgent", {"ttft_slo_ms": 50}, 1.0, 48),
+    ]  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         done = list(pool.map(lambda job: send(*job), jobs))
     return [name for name, _ in sorted(done, key=lambda item: item[1])]
