@@ -91,7 +91,7 @@ def summarize(result: SimResult) -> dict:
     }
 
 
-def _mean_summary(runs: list[dict]) -> dict:
+def mean_summary(runs: list[dict]) -> dict:
     """Mean over seeds of every number in the run summaries (same keys in every run)."""
 
     def merge(values: list):
@@ -102,35 +102,71 @@ def _mean_summary(runs: list[dict]) -> dict:
     return merge(runs)
 
 
+@dataclass(frozen=True)
+class SweepSetup:
+    """What every experiment on the sweep's workload shares: the latency and acceptance models,
+    the SLO classes, adaserve's knee budget, the baseline TPOT and the seeds. One workload per
+    seed, the same at every rate up to a time scale (as the paper rescales one trace to each
+    rate: `poisson_workload` draws unit-rate gaps and divides by the rate), so curves compare
+    like with like; every policy sees the same workloads and seeds."""
+
+    config: SweepConfig
+    latency: object
+    acceptance: object
+    slo_config: object
+    budget: int
+    baseline: float
+    engine: EngineConfig
+    seeds: tuple
+
+    @classmethod
+    def of(cls, config: SweepConfig) -> "SweepSetup":
+        latency = get_preset(config.preset)
+        seeds = tuple(
+            np.random.SeedSequence([config.seed, repeat]).generate_state(2)
+            for repeat in range(config.repeats)
+        )
+        return cls(
+            config,
+            latency,
+            resolve_acceptance(config.acceptance),
+            load_slo_config(REPO_SLO_CONFIG),
+            knee_budget(latency.verify_profile()),
+            latency.baseline_tpot_ms,
+            EngineConfig(max_running_requests=config.max_running_requests),
+            seeds,
+        )
+
+    def workloads(self, rate: float) -> list:
+        return [
+            poisson_workload(rate, self.config.num_requests, self.slo_config, self.baseline, int(w))
+            for w, _ in self.seeds
+        ]
+
+    def run(self, make_policy_for_seed, workloads: list) -> list[dict]:
+        """One summary per seed; `make_policy_for_seed()` gives a fresh policy for each run."""
+        runs = []
+        for workload, (_, engine_seed) in zip(workloads, self.seeds):
+            result = simulate(
+                workload, self.latency, self.acceptance, make_policy_for_seed(),
+                int(engine_seed), self.engine,
+            )  # fmt: skip
+            runs.append(summarize(result))
+        return runs
+
+
 def run_rps_sweep(config: SweepConfig, progress=print) -> dict:
-    latency = get_preset(config.preset)
-    acceptance = resolve_acceptance(config.acceptance)
-    slo_config = load_slo_config(REPO_SLO_CONFIG)
+    setup = SweepSetup.of(config)
+    latency, acceptance, slo_config = setup.latency, setup.acceptance, setup.slo_config
+    budget, baseline = setup.budget, setup.baseline
     profile = latency.verify_profile()
-    budget = knee_budget(profile)
-    baseline = latency.baseline_tpot_ms
-    engine = EngineConfig(max_running_requests=config.max_running_requests)
-    # One workload per seed, the same at every rate up to a time scale (as the paper rescales
-    # one trace to each rate: `poisson_workload` draws unit-rate gaps and divides by the rate),
-    # so the curves compare like with like. Every policy sees the same workloads and seeds.
-    seeds = [
-        np.random.SeedSequence([config.seed, repeat]).generate_state(2)
-        for repeat in range(config.repeats)
-    ]
     rows = []
     for rate in config.rates_rps:
-        workloads = [
-            poisson_workload(rate, config.num_requests, slo_config, baseline, int(w))
-            for w, _ in seeds
-        ]
+        workloads = setup.workloads(rate)
         for name in config.policies:
             started = time.perf_counter()
-            runs = []
-            for workload, (_, engine_seed) in zip(workloads, seeds):
-                policy = make_policy(name, budget, baseline)
-                result = simulate(workload, latency, acceptance, policy, int(engine_seed), engine)
-                runs.append(summarize(result))
-            row = {"rate_rps": rate, "policy": name, **_mean_summary(runs)}
+            runs = setup.run(lambda: make_policy(name, budget, baseline), workloads)
+            row = {"rate_rps": rate, "policy": name, **mean_summary(runs)}
             row["attainment_by_seed"] = [run["attainment"] for run in runs]
             row["wall_s"] = time.perf_counter() - started
             rows.append(row)

@@ -22,14 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sgl_adaspec.scheduler.cost_model import knee_budget
-from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
-from sgl_adaspec.sim.acceptance import resolve as resolve_acceptance
-from sgl_adaspec.sim.engine import EngineConfig, simulate
-from sgl_adaspec.sim.experiments import SweepConfig, summarize
-from sgl_adaspec.sim.latency import get_preset
+from sgl_adaspec.sim.experiments import SweepConfig, SweepSetup, mean_summary
 from sgl_adaspec.sim.policies import Adaserve
-from sgl_adaspec.sim.workload import poisson_workload
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig
 
@@ -73,42 +67,23 @@ def grid_points(knee: int, axes: GridAxes) -> list[GridPoint]:
 
 
 def run_grid(config: SweepConfig, axes: GridAxes, progress=print) -> dict:
-    latency = get_preset(config.preset)
-    acceptance = resolve_acceptance(config.acceptance)
-    slo_config = load_slo_config(REPO_SLO_CONFIG)
-    knee = knee_budget(latency.verify_profile())
-    baseline = latency.baseline_tpot_ms
-    engine = EngineConfig(max_running_requests=config.max_running_requests)
-    seeds = [
-        np.random.SeedSequence([config.seed, repeat]).generate_state(2)
-        for repeat in range(config.repeats)
-    ]
-    workloads = {
-        rate: [
-            poisson_workload(rate, config.num_requests, slo_config, baseline, int(w))
-            for w, _ in seeds
-        ]
-        for rate in config.rates_rps
-    }
+    setup = SweepSetup.of(config)
+    knee, baseline = setup.budget, setup.baseline
+    workloads = {rate: setup.workloads(rate) for rate in config.rates_rps}
     rows = []
     for point in grid_points(knee, axes):
-        tree = AdaptiveTreeConfig(
-            verify_tokens_per_step=point.verify_tokens_per_step,
-            draft_tokens_per_step=point.draft_tokens_per_step,
+        adaserve = AdaserveConfig(
+            budget=point.budget,
+            baseline_tpot_ms=baseline,
+            tree=AdaptiveTreeConfig(
+                verify_tokens_per_step=point.verify_tokens_per_step,
+                draft_tokens_per_step=point.draft_tokens_per_step,
+            ),
         )
         by_rate = {}
         for rate, runs in workloads.items():
-            summaries = []
-            for workload, (_, engine_seed) in zip(runs, seeds):
-                policy = Adaserve(
-                    AdaserveConfig(budget=point.budget, baseline_tpot_ms=baseline, tree=tree)
-                )
-                result = simulate(workload, latency, acceptance, policy, int(engine_seed), engine)
-                summaries.append(summarize(result))
-            by_rate[rate] = {
-                "attainment": float(np.mean([s["attainment"] for s in summaries])),
-                "goodput_tok_s": float(np.mean([s["goodput_tok_s"] for s in summaries])),
-            }
+            mean = mean_summary(setup.run(lambda: Adaserve(adaserve), runs))
+            by_rate[rate] = {k: mean[k] for k in ("attainment", "goodput_tok_s")}
         row = {
             **asdict(point),
             "attainment": float(np.mean([r["attainment"] for r in by_rate.values()])),

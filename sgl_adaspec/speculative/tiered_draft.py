@@ -54,9 +54,10 @@ def _tier_backend(draft_worker, width: int):
 
 def run_draft(original: Callable, draft_worker, forward_batch, shape: tuple[int, int] | None):
     """`draft_forward` at `shape` = (depth, width), or the configured search when the shape is
-    None, not smaller, or not supported here. Returns what `draft_forward` returns."""
+    None (the caller passes None where `runs_tiers` is False) or not smaller. Returns what
+    `draft_forward` returns."""
     steps, topk = draft_worker.speculative_num_steps, draft_worker.topk
-    if shape is None or shape == (steps, topk) or not runs_tiers(draft_worker, forward_batch):
+    if shape is None or shape == (steps, topk):
         return original(draft_worker, forward_batch)
     depth, width = shape
     if not (1 <= depth <= steps and 1 <= width <= topk):
