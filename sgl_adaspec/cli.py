@@ -146,9 +146,30 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--faser-early-exit",
-        action="store_true",
-        help="faser: token-wise early exit inside verification. NOT AVAILABLE in this build "
-        "(needs per-layer hooks in the target's verify forward); the flag is refused.",
+        nargs="?",
+        const="auto",
+        default=AdaspecConfig.faser_early_exit,
+        metavar="{off,auto,always}",
+        help="faser: token-wise early exit inside verification: after --faser-exit-layer layers, "
+        "draft tokens outside the intermediate top-K leave the pass with their suffix. auto "
+        "(the bare flag): when the expected saving exceeds the test's cost; always: every "
+        "verify. Llama-family targets on the CPU (torch) attention backend; elsewhere the full "
+        "pass runs (default: %(default)s).",
+    )
+    group.add_argument(
+        "--faser-exit-layer",
+        type=int,
+        default=AdaspecConfig.faser_exit_layer,
+        metavar="L",
+        help="faser: target layers run before the early-exit test (default: half the model).",
+    )
+    group.add_argument(
+        "--faser-exit-topk",
+        type=int,
+        default=AdaspecConfig.faser_exit_topk,
+        metavar="K",
+        help="faser: a draft token exits when K tokens outscore it at the exit layer "
+        "(default: %(default)s).",
     )
     group.add_argument(
         "--faser-overlap",
@@ -194,6 +215,8 @@ def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
                 "faser_lengths",
                 "faser_window",
                 "faser_early_exit",
+                "faser_exit_layer",
+                "faser_exit_topk",
                 "faser_overlap",
                 "dropin_variant",
                 "dropin_history",

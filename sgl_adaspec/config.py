@@ -57,8 +57,11 @@ class AdaspecConfig:
     # faser: candidate speculative lengths ("1,2,4"; None: 1..num-steps), observations kept.
     faser_lengths: str | None = None
     faser_window: int = 16
-    # faser's token-wise early exit and draft/verify overlap (not available, see --help).
-    faser_early_exit: bool = False
+    # faser's token-wise early exit in verification: off / auto / always, where, and K.
+    faser_early_exit: str = "off"
+    faser_exit_layer: int | None = None
+    faser_exit_topk: int = 10
+    # faser's draft/verify overlap (not available, see --help).
     faser_overlap: bool = False
     # dropin: "mle", "fsm" or "cache-fsm"; verifications in the acceptance estimate.
     dropin_variant: str = "mle"
@@ -125,12 +128,22 @@ class AdaspecConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         self.faser_length_set  # parses, or raises ConfigError
-        if self.faser_early_exit:
+        modes = ("off", "auto", "always")
+        if self.faser_early_exit not in modes:
             raise ConfigError(
-                "--faser-early-exit is not available in this build: token-wise early exit needs "
-                "per-layer hooks inside the target's verify forward, which sgl_adaspec does not "
-                "have yet"
+                f"--faser-early-exit must be one of {', '.join(modes)}, got {self.faser_early_exit!r}"
             )
+        if self.faser_early_exit != "off" and self.spec_policy != "faser":
+            raise ConfigError(
+                f"--faser-early-exit is part of --spec-policy faser (got --spec-policy "
+                f"{self.spec_policy})"
+            )
+        for name in ("faser_exit_layer", "faser_exit_topk"):
+            value = getattr(self, name)
+            if value is None and name == "faser_exit_layer":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         if self.faser_overlap:
             raise ConfigError(
                 "--faser-overlap is not available: overlapping draft and verify needs GPU SM "

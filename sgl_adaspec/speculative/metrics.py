@@ -48,6 +48,10 @@ class PrometheusSink:
         self.draft_rows = Counter(
             f"{PREFIX}draft_rows", "Rows of the draft's decode forwards (steps - 1) * requests * width"
         )
+        self.exited = Counter(
+            f"{PREFIX}early_exit_tokens",
+            "Draft tokens that left the verify pass early (token-wise early exit)",
+        )
         self.shape = Gauge(
             f"{PREFIX}iteration_shape",
             "Last iteration's budget B, depth d and width w, and the shape the draft ran",
@@ -65,6 +69,9 @@ class PrometheusSink:
         self.draft_rows.inc(rows)
         for name, value in (("draft_depth", depth), ("draft_width", width)):
             self.shape.labels(name).set(value)
+
+    def observe_early_exit(self, tested, exited) -> None:
+        self.exited.inc(exited)
 
     def observe_finished(self, slo_class: str, tpot_ms: float, met: bool) -> None:
         self.finished.labels(slo_class).inc()

@@ -44,6 +44,9 @@ class SpecStats:
     last_draft_width: int | None = None
     draft_rows: int = 0
     drafts: int = 0
+    # Token-wise early exit in verification: draft tokens tested, and those that left the pass.
+    exit_tested_tokens: int = 0
+    exited_tokens: int = 0
     t_spec_ms: float | None = None
     baseline_tpot_ms: float | None = None
     cost_profile: dict | None = None
@@ -69,6 +72,12 @@ class SpecStats:
         self.last_draft_depth, self.last_draft_width = depth, width
         for sink in self.sinks:
             sink.observe_draft(depth, width, rows)
+
+    def observe_early_exit(self, tested: int, exited: int) -> None:
+        self.exit_tested_tokens += tested
+        self.exited_tokens += exited
+        for sink in self.sinks:
+            sink.observe_early_exit(tested, exited)
 
     def observe_finished(
         self, slo_class: str, tpot_ms: float, tpot_slo_ms: float | None, infeasible: bool = False
@@ -103,6 +112,14 @@ class SpecStats:
             "draft_depth": self.last_draft_depth,
             "draft_width": self.last_draft_width,
             "draft_rows_per_iteration": self.draft_rows / self.drafts if self.drafts else None,
+            "exit_tested_tokens": self.exit_tested_tokens,
+            "exited_tokens": self.exited_tokens,
+            # Of all verified draft tokens (roots excluded), the share that exited early.
+            "exited_fraction": (
+                self.exited_tokens / (self.verified_tokens - self.request_iterations)
+                if self.verified_tokens > self.request_iterations
+                else None
+            ),
             "t_spec_ms": self.t_spec_ms,
             "baseline_tpot_ms": self.baseline_tpot_ms,
             "cost_profile": self.cost_profile,

@@ -38,6 +38,13 @@ from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase
 from sgl_adaspec.speculative.tiered_draft import run_draft, runs_tiers
+from sgl_adaspec.speculative.verify_exit import (
+    ExitRun,
+    exit_run,
+    llama_model_forward,
+    llama_stack,
+    should_test,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -239,8 +246,12 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     keep[:, 1:] = selection.mask
     prune_tree(verify_input, keep)
     verify_input.adaspec_keep = keep
+    verify_input.adaspec_early_exit = decision.early_exit
+    verify_input.adaspec_exit_counts = None
     start = time.perf_counter()
     result = original(worker, batch, *args, **kwargs)
+    if verify_input.adaspec_exit_counts is not None:
+        policy.observe_early_exit(*verify_input.adaspec_exit_counts)
     verified = selection.counts + 1  # [B] roots included
     policy.observe_verify(
         1000 * (time.perf_counter() - start), int(verified.sum()), int(it.context_lens.sum())
@@ -283,29 +294,72 @@ def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> Iter
 
 
 def target_forward(original: Callable, worker, batch=None, forward_batch=None, *args, **kwargs):
-    """AROUND `TpModelWorker.forward_batch_generation`: ragged verify of the kept nodes."""
-    keep = getattr(getattr(forward_batch, "spec_info", None), "adaspec_keep", None)
-    if (
-        not kwargs.get("is_verify", False)
-        or keep is None
-        or bool(keep.all())
-        or not _backend_runs_ragged_verify(worker)
-    ):
+    """AROUND `TpModelWorker.forward_batch_generation`: ragged verify of the kept nodes, with
+    the policy's early exit (`verify_exit`) where it asked for one and the model supports it."""
+    spec_info = getattr(forward_batch, "spec_info", None)
+    keep = getattr(spec_info, "adaspec_keep", None)
+    if not kwargs.get("is_verify", False) or keep is None or not _backend_runs_ragged_verify(worker):
+        return original(worker, batch, forward_batch, *args, **kwargs)
+    run = _exit_run(worker, forward_batch, keep)
+    if run is None and bool(keep.all()):
         return original(worker, batch, forward_batch, *args, **kwargs)
     rows = keep.reshape(-1).nonzero().squeeze(1)  # [kept] rows of the [bs * ntok] layout
     full = {name: getattr(forward_batch, name) for name in ("input_ids", "positions", "out_cache_loc")}
     for name, value in full.items():
         setattr(forward_batch, name, value[rows])
-    spec_info = forward_batch.spec_info
     spec_info.adaspec_verify_nodes = [row.nonzero().squeeze(1) for row in keep]
     try:
-        result = original(worker, batch, forward_batch, *args, **kwargs)
+        with exit_run(run):
+            result = original(worker, batch, forward_batch, *args, **kwargs)
     finally:
         for name, value in full.items():
             setattr(forward_batch, name, value)
         spec_info.adaspec_verify_nodes = None
+    if run is not None and run.exited is not None:
+        spec_info.adaspec_exit_counts = (run.tested, int(run.exited.sum()), run.test_ms)
+        if bool(run.exited.any()):
+            # Exited nodes leave the tree: acceptance stops at their parents (lossless).
+            rows = rows[~run.exited]
+            keep = torch.zeros_like(keep).view(-1).index_fill_(0, rows, True).view(keep.shape)
+            prune_tree(spec_info, keep)
     _scatter_rows(result.logits_output, rows, keep.numel())
     return result
+
+
+def _exit_run(worker, forward_batch, keep: torch.Tensor) -> ExitRun | None:
+    """The early exit of this verify pass, or None (not asked for, not worth it by eq. 10, or
+    a model the hook cannot split)."""
+    spec_info = forward_batch.spec_info
+    plan = getattr(spec_info, "adaspec_early_exit", None)
+    causal_lm = worker.model_runner.model
+    model = llama_stack(causal_lm) if plan is not None else None
+    if model is None:
+        return None
+    bs, ntok = keep.shape
+    parents = torch.tensor(
+        tree_parent_nodes(
+            spec_info.retrieve_next_token.tolist(), spec_info.retrieve_next_sibling.tolist()
+        ),
+        dtype=torch.long,
+    )  # [bs, ntok] node of each node's parent within the (pruned) tree; NO_NODE for roots
+    flat_keep = keep.cpu().reshape(-1)
+    rows = flat_keep.nonzero().squeeze(1)
+    row_of = torch.full((bs * ntok,), -1, dtype=torch.long)
+    row_of[rows] = torch.arange(rows.numel())
+    request = torch.arange(bs).repeat_interleave(ntok)
+    parent_flat = (parents + request.view(bs, ntok) * ntok).reshape(-1)
+    row_parent = torch.where(parents.reshape(-1) >= 0, row_of[parent_flat.clamp(min=0)], -1)[rows]
+    if not should_test(model, plan, int((row_parent >= 0).sum())):
+        return None
+    device = forward_batch.input_ids.device
+    return ExitRun(
+        plan=plan,
+        head_weight=causal_lm.lm_head.weight[: model.vocab_size],
+        row_token=spec_info.draft_token.reshape(-1)[rows.to(device)].long(),
+        row_parent=row_parent.to(device),
+        row_request=request[rows].to(device),
+        row_node=(rows % ntok).to(device),
+    )
 
 
 def _backend_runs_ragged_verify(worker) -> bool:
@@ -453,3 +507,4 @@ def register(registry, hook_type) -> None:
         target_forward,
         around,
     )
+    registry.register("sglang.srt.models.llama.LlamaModel.forward", llama_model_forward, around)

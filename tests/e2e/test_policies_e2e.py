@@ -110,3 +110,18 @@ def test_policy_is_lossless_and_commits_accepted_drafts(
     assert outputs == bigram_pair_reference
     # The draft is always right, so every policy commits more than one token per verify.
     assert state["stats"]["accepted_tokens_per_verify"] > 1.2
+
+
+def test_faser_early_exit_is_lossless_and_prunes_rows(models, tmp_path_factory, random_pair_reference):
+    # Test after layer 1 of 2 with K = half the vocabulary: on random models about half the
+    # tested draft tokens exit (with their suffixes) and the rest run the last layer, so both
+    # the pruning and the surviving rows' path are exercised on every iteration.
+    policy_args = (
+        "faser", "--faser-early-exit", "always", "--faser-exit-layer", "1",
+        "--faser-exit-topk", "1024",
+    )  # fmt: skip
+    outputs, state = run_policy(tmp_path_factory, models.target, models.eagle_draft, policy_args)
+    assert outputs == random_pair_reference
+    stats = state["stats"]
+    assert 0 < stats["exited_tokens"] < stats["exit_tested_tokens"]
+    assert 0 < stats["exited_fraction"] < 1

@@ -40,16 +40,29 @@ def greedy(server: Server, ids: list[int]) -> dict:
     return response.json()
 
 
+@pytest.fixture(scope="module")
+def pair_prompts():
+    target = prepare_smollm2()
+    return target, [chat_ids(target, q) for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(pair_prompts, tmp_path_factory):
+    target, prompts = pair_prompts
+    log = tmp_path_factory.mktemp("smollm2-plain") / "plain.log"
+    with Server(target, log_path=log, startup_timeout_s=600) as plain:
+        return [greedy(plain, ids) for ids in prompts]
+
+
 @pytest.mark.slow
-def test_greedy_outputs_equal_with_and_without_the_trained_draft(tmp_path: Path) -> None:
+def test_greedy_outputs_equal_with_and_without_the_trained_draft(
+    tmp_path: Path, pair_prompts, plain_outputs
+) -> None:
     assert json.loads((DRAFT / "config.json").read_text())["architectures"] == [
         "LlamaForCausalLMEagle"
     ]
-    target = prepare_smollm2()
-    prompts = [chat_ids(target, q) for q in QUESTIONS]
-
-    with Server(target, log_path=tmp_path / "plain.log", startup_timeout_s=600) as plain:
-        expected = [greedy(plain, ids) for ids in prompts]
+    target, prompts = pair_prompts
+    expected = plain_outputs
     flags = eagle_flags(DRAFT, steps=4, topk=2, num_draft_tokens=8)
     with Server(target, flags, log_path=tmp_path / "eagle.log", startup_timeout_s=600) as spec:
         got = [greedy(spec, ids) for ids in prompts]
@@ -61,4 +74,26 @@ def test_greedy_outputs_equal_with_and_without_the_trained_draft(tmp_path: Path)
     verify = sum(r["meta_info"]["spec_verify_ct"] for r in got)
     # A draft that SGLang fed differently from training would be accepted ~never (1.0); the
     # committed early checkpoint gives about 1.2 (see models/smollm2-135m-eagle/README.md).
+    assert completion / verify > 1.1
+
+
+@pytest.mark.slow
+def test_faser_early_exit_on_the_default_pair_is_lossless_and_keeps_accepted_drafts(
+    tmp_path: Path, pair_prompts, plain_outputs
+) -> None:
+    # The paper's test (K = 10) halfway through SmolLM2's 30 layers, on every verify.
+    target, prompts = pair_prompts
+    flags = (
+        *eagle_flags(DRAFT, steps=4, topk=2, num_draft_tokens=8), "--spec-policy", "faser",
+        "--faser-lengths", "4", "--faser-early-exit", "always", "--faser-exit-layer", "15",
+    )  # fmt: skip
+    with Server(target, flags, log_path=tmp_path / "exit.log", startup_timeout_s=600) as spec:
+        got = [greedy(spec, ids) for ids in prompts]
+        info = requests.get(f"{spec.url}/server_info", timeout=60).json()
+    assert [r["output_ids"] for r in got] == [r["output_ids"] for r in plain_outputs]
+    stats = info["internal_states"][0]["adaspec"]["stats"]
+    # Real text: some draft tokens leave at layer 15, others survive and are accepted.
+    assert 0 < stats["exited_tokens"] < stats["exit_tested_tokens"]
+    completion = sum(r["meta_info"]["completion_tokens"] for r in got)
+    verify = sum(r["meta_info"]["spec_verify_ct"] for r in got)
     assert completion / verify > 1.1

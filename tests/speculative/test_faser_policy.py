@@ -174,8 +174,12 @@ def test_requests_in_one_batch_get_their_own_lengths():
 
 
 def test_unavailable_mechanisms_and_bad_settings_are_refused():
-    with pytest.raises(ValueError, match="per-layer hooks"):
-        FaserConfig(early_exit=True)
+    with pytest.raises(ValueError, match="early_exit must be one of off, auto, always"):
+        FaserConfig(early_exit="sometimes")
+    with pytest.raises(ValueError, match="exit_layer"):
+        FaserConfig(early_exit="auto", exit_layer=0)
+    with pytest.raises(ValueError, match="exit_topk"):
+        FaserConfig(early_exit="auto", exit_topk=0)
     with pytest.raises(ValueError, match="SM partitions"):
         FaserConfig(overlap=True)
     with pytest.raises(ValueError, match=">= 1"):
@@ -212,3 +216,29 @@ def test_before_the_latency_model_the_observed_iteration_latency_is_used():
     cost, count = policy.costs(iteration(("a",), chains(1, 2), 2), torch.tensor([1, 2]))
     assert count.tolist() == [[1.0, 1.0]]
     assert cost[0].tolist() == pytest.approx([12 / 1.1, 30 / 2.1])
+
+
+def test_early_exit_plan_carries_the_expected_rejected_tokens():
+    off = FaserPolicy(FaserConfig(lengths=(2,), window=8))
+    auto = FaserPolicy(FaserConfig(lengths=(2,), window=8, early_exit="auto", exit_topk=3))
+    always = FaserPolicy(FaserConfig(lengths=(2,), early_exit="always", exit_layer=5))
+    # "a" commits 1 of its 2 draft tokens each iteration, "b" both.
+    accept = {"a": 1, "b": 2}
+    for policy in (off, auto):
+        run(policy, ("a", "b"), lambda r, _s: accept[r], steps=3, draft_steps=2)
+    assert off.decide(iteration(("a", "b"), chains(2, 2), 2)).early_exit is None
+    # run()'s batches all verify 6 tokens; a few sizes more pin the latency model's slope.
+    auto.verify_latency.seed([((t, 0), 10.0 + 2.0 * t) for t in (4, 8, 16)])
+    plan = auto.decide(iteration(("a", "b"), chains(2, 2), 2)).early_exit
+    # eq. 5-6: (2 - 1) + (2 - 2) = 1 expected rejected token.
+    assert (plan.exit_layer, plan.topk, plan.expected_rejected, plan.forced) == (None, 3, 1.0, False)
+    # The verify model's slope (10 + 2 ms per verified token; the ridge shrinks it a little) and, once a test
+    # was measured, its smoothed latency per tested row.
+    assert plan.verify_ms_per_token == pytest.approx(2.0, rel=0.05) and plan.test_ms_per_row is None
+    auto.observe_early_exit(tested=4, exited=1, test_ms=2.0)
+    auto.observe_early_exit(tested=2, exited=0, test_ms=2.0)
+    assert auto.exit_test_ms_per_row == pytest.approx(0.7 * 0.5 + 0.3 * 1.0)
+    assert auto.stats.exit_tested_tokens == 6 and auto.stats.exited_tokens == 1
+    # A new request has no history: half its length counts as rejected.
+    plan = always.decide(iteration(("new",), chains(1, 2), 2)).early_exit
+    assert (plan.exit_layer, plan.expected_rejected, plan.forced) == (5, 1.0, True)

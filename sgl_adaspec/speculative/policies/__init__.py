@@ -114,7 +114,14 @@ def build_policy(config, budget: int | None = None):
         from sgl_adaspec.speculative.policies.faser import FaserConfig, FaserPolicy
 
         return FaserPolicy(
-            FaserConfig(lengths=config.faser_length_set, window=config.faser_window, **common)
+            FaserConfig(
+                lengths=config.faser_length_set,
+                window=config.faser_window,
+                early_exit=config.faser_early_exit,
+                exit_layer=config.faser_exit_layer,
+                exit_topk=config.faser_exit_topk,
+                **common,
+            )
         )
     if name == "dropin":
         from sgl_adaspec.speculative.policies.dropin import (

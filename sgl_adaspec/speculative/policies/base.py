@@ -24,6 +24,7 @@ import torch
 
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.early_exit import EarlyExitPlan
 from sgl_adaspec.speculative.latency import LinearLatency
 from sgl_adaspec.speculative.selection import Selection
 from sgl_adaspec.speculative.stats import SpecStats
@@ -68,13 +69,15 @@ class Decision:
     - depth / width: the tree shape the policy used (deepest level allowed, beam width), and
       budget: the verified-token cap it applied (roots included) -- all for the metrics;
     - infeasible [B] bool: requests whose SLO the policy found unreachable and serves best
-      effort (counted in the statistics)."""
+      effort (counted in the statistics);
+    - early_exit: the verify pass's token-wise early exit (`early_exit`), or None."""
 
     selection: Selection
     depth: int
     width: int
     budget: int
     infeasible: torch.Tensor
+    early_exit: EarlyExitPlan | None = None
 
 
 @dataclass(kw_only=True)
@@ -140,6 +143,11 @@ class PolicyBase:
         """verified [B]: tokens each request verified, root included; accepted [B]: tokens it
         committed, the bonus token included (SGLang's accept length)."""
 
+    def observe_early_exit(self, tested: int, exited: int, test_ms: float) -> None:
+        """A verify pass ran the early-exit test (`early_exit`) on `tested` draft tokens, in
+        `test_ms`, and `exited` of them left the pass."""
+        self.stats.observe_early_exit(tested, exited)
+
     def forget(self, rid: str) -> None:
         """Drop per-request state of a finished request."""
 
@@ -147,6 +155,11 @@ class PolicyBase:
         if self.baseline_tpot_ms_config is not None:
             return self.baseline_tpot_ms_config
         return self.verify_ms
+
+    def verify_ms_per_token(self) -> float | None:
+        """Marginal verify-pass latency of one more verified token (the fitted model's slope)."""
+        coef = self.verify_latency.coefficients()
+        return None if coef is None else float(coef[0])
 
     def predict_verify_ms(self, verified_tokens: float, context_tokens: float) -> float | None:
         """Verify-pass latency for a batch of that size, from the fitted model (None before

@@ -20,8 +20,11 @@ An unobserved length keeps the prior's large sigma, so it is tried before a know
 re-used, without sweeping S. Statistics live in a per-request sliding window of `window`
 iterations, so the choice follows changes in load and in the request's acceptance.
 
-Not here: the paper's token-wise early exit (needs per-layer hooks in the target's verify
-forward) and draft/verify overlap (needs GPU SM partitions); `FaserConfig` refuses both.
+Token-wise early exit (section 4.2, `early_exit`): with `early_exit` "auto" each decision
+carries an `EarlyExitPlan` with the batch's expected rejected draft tokens (eq. 5-6, from the
+same windows at the chosen lengths); the adapter tests at `exit_layer` when eq. 10 says it pays
+("always": every iteration). Not here: draft/verify overlap (needs GPU SM partitions);
+`FaserConfig` refuses it.
 
 Pure (tensors and dataclasses, no SGLang), like `adaserve.py`. Dims: B requests, N candidate
 nodes, S candidate lengths, W window slots, Q query points; terms as in
@@ -37,6 +40,7 @@ from typing import NamedTuple
 
 import torch
 
+from sgl_adaspec.speculative.early_exit import EarlyExitPlan, expected_rejected
 from sgl_adaspec.speculative.policies.base import (
     check_common_config,
     Decision,
@@ -46,11 +50,7 @@ from sgl_adaspec.speculative.policies.base import (
 )
 from sgl_adaspec.speculative.shapes import chain_positions, chain_prefix_mask, selection_from_mask
 
-EARLY_EXIT_UNAVAILABLE = (
-    "faser early_exit (--faser-early-exit) is not available in this build: token-wise early "
-    "exit prunes draft tokens between the target's layers, which needs per-layer hooks in the "
-    "target's verify forward that SGLang's verify pass does not expose here"
-)
+EARLY_EXIT_MODES = ("off", "auto", "always")
 OVERLAP_UNAVAILABLE = (
     "faser overlap (--faser-overlap) is not available in this build: overlapping the draft with "
     "verification needs the GPU split into SM partitions (CUDA green contexts) for the draft and "
@@ -69,7 +69,11 @@ class FaserConfig:
       (the GP works in those units; the prior std is 1, i.e. "up to 100% worse");
     - eps: added to the committed tokens in J's denominator (eq. 1);
     - latency_smoothing / baseline_tpot_ms: as in `PolicyBase`;
-    - early_exit / overlap: the paper's other two mechanisms; not available, True raises."""
+    - early_exit: token-wise early exit in verification (`--faser-early-exit`): "off", "auto"
+      (when eq. 10 says it pays) or "always"; exit_layer: layers run before the test
+      (`--faser-exit-layer`; None: half the model); exit_topk: K of the top-K test
+      (`--faser-exit-topk`, the paper's 10);
+    - overlap: draft/verify overlap on GPU SM partitions; not available, True raises."""
 
     lengths: tuple[int, ...] | None = None
     window: int = 16
@@ -79,12 +83,23 @@ class FaserConfig:
     eps: float = 0.1
     latency_smoothing: float = 0.3
     baseline_tpot_ms: float | None = None
-    early_exit: bool = False
+    early_exit: str = "off"
+    exit_layer: int | None = None
+    exit_topk: int = 10
     overlap: bool = False
 
     def __post_init__(self) -> None:
-        if self.early_exit:
-            raise ValueError(EARLY_EXIT_UNAVAILABLE)
+        if self.early_exit not in EARLY_EXIT_MODES:
+            raise ValueError(
+                f"faser early_exit must be one of {', '.join(EARLY_EXIT_MODES)}, "
+                f"got {self.early_exit!r}"
+            )
+        if self.exit_layer is not None and (
+            isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int) or self.exit_layer < 1
+        ):
+            raise ValueError(f"faser exit_layer must be an int >= 1, got {self.exit_layer!r}")
+        if isinstance(self.exit_topk, bool) or not isinstance(self.exit_topk, int) or self.exit_topk < 1:
+            raise ValueError(f"faser exit_topk must be an int >= 1, got {self.exit_topk!r}")
         if self.overlap:
             raise ValueError(OVERLAP_UNAVAILABLE)
         if self.lengths is not None:
@@ -204,6 +219,8 @@ class FaserPolicy(PolicyBase):
     _windows: dict[str, deque[Observation]] = field(default_factory=dict, repr=False)
     _chosen: dict[str, int] = field(default_factory=dict, repr=False)
     _pending: list[tuple[str, int, float, int]] = field(default_factory=list, repr=False)
+    # Smoothed measured latency of the early-exit test per tested row (eq. 10's T_ee + T_pr).
+    exit_test_ms_per_row: float | None = None
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
@@ -245,13 +262,19 @@ class FaserPolicy(PolicyBase):
             return None
         return draft_ms + torch.tensor(verify, dtype=torch.float64)
 
-    def costs(self, it: IterationInput, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def window_means(
+        self, rids: tuple[str, ...], lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """count, mean committed and mean latency [B, S] per request and length (see
+        `window_statistics`)."""
+        return window_statistics(*self.window_tensors(rids), lengths)
+
+    def costs(
+        self, it: IterationInput, lengths: torch.Tensor, means=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """J [B, S] float64 of every request and length, and count [B, S]: its observations
-        in the window (J is meaningless where count is 0)."""
-        obs_length, committed, latency_ms = self.window_tensors(it.rids)
-        count, committed_mean, latency_mean = window_statistics(
-            obs_length, committed, latency_ms, lengths
-        )
+        in the window (J is meaningless where count is 0). `means`: `window_means`, if known."""
+        count, committed_mean, latency_mean = means or self.window_means(it.rids, lengths)
         batch_latency = self.predicted_latency_ms(
             lengths, it.cands.num_requests, int(it.context_lens.sum()), it.draft_steps
         )
@@ -262,6 +285,32 @@ class FaserPolicy(PolicyBase):
         # than a mean of per-iteration ratios: one iteration with nothing accepted would put
         # T / eps into the latter and swamp the GP.
         return cost_per_committed_token(latency, committed_mean, self.config.eps), count
+
+    def early_exit_plan(self, lengths: torch.Tensor, chosen: torch.Tensor, means) -> EarlyExitPlan | None:
+        """The verify pass's early exit for requests verifying `chosen` [B] of `lengths` [S]."""
+        cfg = self.config
+        if cfg.early_exit == "off" or chosen.numel() == 0:
+            return None
+        count, committed_mean, _ = means
+        slot = torch.searchsorted(lengths, chosen).clamp(max=lengths.numel() - 1).unsqueeze(1)
+        rejected = expected_rejected(
+            chosen.to(torch.float64),
+            committed_mean.gather(1, slot).squeeze(1),
+            count.gather(1, slot).squeeze(1) > 0,
+        )
+        return EarlyExitPlan(
+            cfg.exit_layer,
+            cfg.exit_topk,
+            rejected,
+            forced=cfg.early_exit == "always",
+            verify_ms_per_token=self.verify_ms_per_token(),
+            test_ms_per_row=self.exit_test_ms_per_row,
+        )
+
+    def observe_early_exit(self, tested: int, exited: int, test_ms: float) -> None:
+        super().observe_early_exit(tested, exited, test_ms)
+        if tested > 0:
+            self.exit_test_ms_per_row = self._smooth(self.exit_test_ms_per_row, test_ms / tested)
 
     def choose_lengths(
         self, cost: torch.Tensor, count: torch.Tensor, lengths: torch.Tensor
@@ -288,16 +337,19 @@ class FaserPolicy(PolicyBase):
     def decide(self, it: IterationInput) -> Decision:
         bsz = it.cands.num_requests
         lengths = torch.tensor(self.candidate_lengths(it.draft_steps), dtype=torch.int64)  # [S]
+        plan = None
         if bsz == 0 or lengths.numel() == 0:
             chosen = torch.zeros(bsz, dtype=torch.int64)
         else:
-            chosen = self.choose_lengths(*self.costs(it, lengths), lengths)  # [B]
+            means = self.window_means(it.rids, lengths)
+            chosen = self.choose_lengths(*self.costs(it, lengths, means), lengths)  # [B]
+            plan = self.early_exit_plan(lengths, chosen, means)
         self._chosen.update(zip(it.rids, chosen.tolist()))
         nodes, _ = chain_positions(it.cands)  # [B, D]
         mask = chain_prefix_mask(it.cands, nodes, chosen.to(nodes.device))  # [B, N]
         selection = selection_from_mask(mask)
         depth = int(chosen.max()) if bsz else 0
-        return Decision(selection, depth, 1, selection.total_tokens, no_infeasible(it))
+        return Decision(selection, depth, 1, selection.total_tokens, no_infeasible(it), plan)
 
     def observe_outcome(
         self, rids: tuple[str, ...], verified: torch.Tensor, accepted: torch.Tensor
