@@ -97,8 +97,15 @@ def main() -> int:
         detail = ""
         if stats:
             exited = stats["exited_fraction"]
+            test_ms = stats["exit_test_ms_per_token"]
             detail = (f"; exited fraction {exited if exited is None else round(exited, 3)}, "
+                      f"test ms per tested token {test_ms if test_ms is None else round(test_ms, 3)}, "
                       f"accepted tokens per verify {stats['accepted_tokens_per_verify']:.2f}")
+            profile = stats["cost_profile"]
+            if profile:
+                tokens, ms = profile["tokens"], profile["latency_ms"]
+                detail += (f"; start-up verify profile {(ms[-1] - ms[0]) / (tokens[-1] - tokens[0]):.2f}"
+                           f" ms per token")
         by_load = json.dumps({n: round(r, 2) for n, r in rates.items()})
         print(f"{name}: output tok/s by load {by_load}{detail}", flush=True)
     for n in loads:

@@ -47,6 +47,7 @@ class SpecStats:
     # Token-wise early exit in verification: draft tokens tested, and those that left the pass.
     exit_tested_tokens: int = 0
     exited_tokens: int = 0
+    exit_test_ms: float = 0.0
     t_spec_ms: float | None = None
     baseline_tpot_ms: float | None = None
     cost_profile: dict | None = None
@@ -73,9 +74,10 @@ class SpecStats:
         for sink in self.sinks:
             sink.observe_draft(depth, width, rows)
 
-    def observe_early_exit(self, tested: int, exited: int) -> None:
+    def observe_early_exit(self, tested: int, exited: int, test_ms: float) -> None:
         self.exit_tested_tokens += tested
         self.exited_tokens += exited
+        self.exit_test_ms += test_ms
         for sink in self.sinks:
             sink.observe_early_exit(tested, exited)
 
@@ -114,6 +116,9 @@ class SpecStats:
             "draft_rows_per_iteration": self.draft_rows / self.drafts if self.drafts else None,
             "exit_tested_tokens": self.exit_tested_tokens,
             "exited_tokens": self.exited_tokens,
+            "exit_test_ms_per_token": (
+                self.exit_test_ms / self.exit_tested_tokens if self.exit_tested_tokens else None
+            ),
             # Of all verified draft tokens (roots excluded), the share that exited early.
             "exited_fraction": (
                 self.exited_tokens / (self.verified_tokens - self.request_iterations)

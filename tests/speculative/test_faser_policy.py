@@ -13,6 +13,7 @@ from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.base import IterationInput
 from sgl_adaspec.speculative.policies.faser import (
+    EXIT_PROBE_INTERVAL,
     FaserConfig,
     FaserPolicy,
     Observation,
@@ -239,6 +240,11 @@ def test_early_exit_plan_carries_the_expected_rejected_tokens():
     auto.observe_early_exit(tested=2, exited=0, test_ms=2.0)
     assert auto.exit_test_ms_per_row == pytest.approx(0.7 * 0.5 + 0.3 * 1.0)
     assert auto.stats.exit_tested_tokens == 6 and auto.stats.exited_tokens == 1
+    # Measured plans carry the cost; after EXIT_PROBE_INTERVAL plans without a test, one
+    # plan leaves it unknown, so the adapter tests and measures again.
+    plans = [auto.decide(iteration(("a", "b"), chains(2, 2), 2)).early_exit
+             for _ in range(EXIT_PROBE_INTERVAL + 1)]
+    assert [p.test_ms_per_row is None for p in plans] == [False] * EXIT_PROBE_INTERVAL + [True]
     # A new request has no history: half its length counts as rejected.
     plan = always.decide(iteration(("new",), chains(1, 2), 2)).early_exit
     assert (plan.exit_layer, plan.expected_rejected, plan.forced) == (5, 1.0, True)

@@ -146,7 +146,7 @@ class PolicyBase:
     def observe_early_exit(self, tested: int, exited: int, test_ms: float) -> None:
         """A verify pass ran the early-exit test (`early_exit`) on `tested` draft tokens, in
         `test_ms`, and `exited` of them left the pass."""
-        self.stats.observe_early_exit(tested, exited)
+        self.stats.observe_early_exit(tested, exited, test_ms)
 
     def forget(self, rid: str) -> None:
         """Drop per-request state of a finished request."""

@@ -51,6 +51,7 @@ from sgl_adaspec.speculative.policies.base import (
 from sgl_adaspec.speculative.shapes import chain_positions, chain_prefix_mask, selection_from_mask
 
 EARLY_EXIT_MODES = ("off", "auto", "always")
+EXIT_PROBE_INTERVAL = 64
 OVERLAP_UNAVAILABLE = (
     "faser overlap (--faser-overlap) is not available in this build: overlapping the draft with "
     "verification needs the GPU split into SM partitions (CUDA green contexts) for the draft and "
@@ -219,8 +220,11 @@ class FaserPolicy(PolicyBase):
     _windows: dict[str, deque[Observation]] = field(default_factory=dict, repr=False)
     _chosen: dict[str, int] = field(default_factory=dict, repr=False)
     _pending: list[tuple[str, int, float, int]] = field(default_factory=list, repr=False)
-    # Smoothed measured latency of the early-exit test per tested row (eq. 10's T_ee + T_pr).
+    # Smoothed measured latency of the early-exit test per tested row (eq. 10's T_ee + T_pr),
+    # and plans made since it was last measured: every EXIT_PROBE_INTERVAL-th plan tests again
+    # so one slow (e.g. first-call) measurement cannot keep "auto" off for good.
     exit_test_ms_per_row: float | None = None
+    _plans_since_test: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
@@ -298,19 +302,22 @@ class FaserPolicy(PolicyBase):
             committed_mean.gather(1, slot).squeeze(1),
             count.gather(1, slot).squeeze(1) > 0,
         )
+        self._plans_since_test += 1
+        probe = self._plans_since_test > EXIT_PROBE_INTERVAL
         return EarlyExitPlan(
             cfg.exit_layer,
             cfg.exit_topk,
             rejected,
             forced=cfg.early_exit == "always",
             verify_ms_per_token=self.verify_ms_per_token(),
-            test_ms_per_row=self.exit_test_ms_per_row,
+            test_ms_per_row=None if probe else self.exit_test_ms_per_row,
         )
 
     def observe_early_exit(self, tested: int, exited: int, test_ms: float) -> None:
         super().observe_early_exit(tested, exited, test_ms)
         if tested > 0:
             self.exit_test_ms_per_row = self._smooth(self.exit_test_ms_per_row, test_ms / tested)
+            self._plans_since_test = 0
 
     def choose_lengths(
         self, cost: torch.Tensor, count: torch.Tensor, lengths: torch.Tensor
