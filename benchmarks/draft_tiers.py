@@ -16,29 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import requests
-
-from sgl_adaspec.testing.client import generate
+from sgl_adaspec.bench.batch_loads import builtin_prompts, measure_loads
 from sgl_adaspec.testing.server import Server, eagle_flags
 
 STEPS, TOPK, NUM_DRAFT_TOKENS = 4, 4, 8
 TIERS = ("--adaserve-verify-tokens-per-step", "16", "--adaserve-draft-tokens-per-step", "8")
-REPEATS = 3
-
-
-def prompts(count: int) -> list[str]:
-    from sgl_adaspec.bench.prompts import BUILTIN_PROMPTS
-
-    if count > len(BUILTIN_PROMPTS):
-        raise SystemExit(f"--loads: at most {len(BUILTIN_PROMPTS)} concurrent requests")
-    return list(BUILTIN_PROMPTS[:count])
 
 
 def pair(tiny: bool) -> tuple[Path, Path]:
@@ -53,29 +39,6 @@ def pair(tiny: bool) -> tuple[Path, Path]:
     return prepare_smollm2(), DEFAULT_EXPORT
 
 
-def run_load(url: str, batch: list[str], tokens: int) -> tuple[float, list[list[int]]]:
-    """Output tokens per second of one batch sent at once, and its outputs."""
-    start = time.perf_counter()
-    with ThreadPoolExecutor(len(batch)) as pool:
-        outs = list(pool.map(lambda p: generate(url, p, tokens), batch))
-    wall = time.perf_counter() - start
-    produced = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    return produced / wall, [o["output_ids"] for o in outs]
-
-
-def measure(server: Server, loads: list[int], texts: list[str], tokens: int):
-    rates, outputs, stats = {}, {}, None
-    with server:
-        generate(server.url, texts[0], 4)  # warm-up
-        for n in loads:
-            runs = [run_load(server.url, texts[:n], tokens) for _ in range(REPEATS)]
-            rates[n] = statistics.median(r for r, _ in runs)
-            outputs[n] = runs[0][1]
-        info = requests.get(f"{server.url}/server_info", timeout=60).json()
-        stats = (info["internal_states"][0].get("adaspec") or {}).get("stats")
-    return rates, outputs, stats
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loads", default="1,4,8", help="concurrent requests per batch")
@@ -84,7 +47,7 @@ def main() -> int:
     args = parser.parse_args()
     loads = [int(n) for n in args.loads.split(",")]
     target, draft = pair(args.tiny)
-    texts = prompts(max(loads))
+    texts = builtin_prompts(max(loads))
     logs = Path(tempfile.mkdtemp(prefix="draft_tiers_"))
     spec = (
         *eagle_flags(draft, STEPS, TOPK, NUM_DRAFT_TOKENS), "--spec-policy", "adaserve", *TIERS
@@ -97,7 +60,7 @@ def main() -> int:
     results = {}
     for name, flags in configs.items():
         server = Server(target, flags, log_path=logs / f"{name}.log")
-        results[name] = measure(server, loads, texts, args.tokens)
+        results[name] = measure_loads(server, loads, texts, args.tokens)
         rates, _, stats = results[name]
         detail = ""
         if stats:

@@ -18,49 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import requests
-
-from sgl_adaspec.testing.client import generate
+from sgl_adaspec.bench.batch_loads import builtin_prompts, measure_loads
 from sgl_adaspec.testing.server import Server, eagle_flags
 
 STEPS, TOPK, NUM_DRAFT_TOKENS = 4, 2, 8
-REPEATS = 3
-
-
-def prompts(count: int) -> list[str]:
-    from sgl_adaspec.bench.prompts import BUILTIN_PROMPTS
-
-    if count > len(BUILTIN_PROMPTS):
-        raise SystemExit(f"--loads: at most {len(BUILTIN_PROMPTS)} concurrent requests")
-    return list(BUILTIN_PROMPTS[:count])
-
-
-def run_load(url: str, batch: list[str], tokens: int) -> tuple[float, list[list[int]]]:
-    """Output tokens per second of one batch sent at once, and its outputs."""
-    start = time.perf_counter()
-    with ThreadPoolExecutor(len(batch)) as pool:
-        outs = list(pool.map(lambda p: generate(url, p, tokens), batch))
-    produced = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    return produced / (time.perf_counter() - start), [o["output_ids"] for o in outs]
-
-
-def measure(server: Server, loads: list[int], texts: list[str], tokens: int):
-    rates, outputs = {}, {}
-    with server:
-        generate(server.url, texts[0], 4)  # warm-up
-        for n in loads:
-            runs = [run_load(server.url, texts[:n], tokens) for _ in range(REPEATS)]
-            rates[n] = statistics.median(r for r, _ in runs)
-            outputs[n] = runs[0][1]
-        info = requests.get(f"{server.url}/server_info", timeout=60).json()
-    return rates, outputs, (info["internal_states"][0].get("adaspec") or {}).get("stats")
 
 
 def main() -> int:
@@ -74,7 +39,7 @@ def main() -> int:
     from sgl_adaspec.models.train_eagle import DEFAULT_EXPORT
 
     loads = [int(n) for n in args.loads.split(",")]
-    texts = prompts(max(loads))
+    texts = builtin_prompts(max(loads))
     logs = Path(tempfile.mkdtemp(prefix="faser_early_exit_"))
     faser = (
         *eagle_flags(DEFAULT_EXPORT, STEPS, TOPK, NUM_DRAFT_TOKENS), "--spec-policy", "faser",
@@ -89,7 +54,7 @@ def main() -> int:
     }
     results = {}
     for name, flags in configs.items():
-        results[name] = measure(
+        results[name] = measure_loads(
             Server(prepare_smollm2(), flags, log_path=logs / f"{name}.log", startup_timeout_s=600),
             loads, texts, args.tokens,
         )  # fmt: skip

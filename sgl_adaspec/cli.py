@@ -161,7 +161,8 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
         type=int,
         default=AdaspecConfig.faser_exit_layer,
         metavar="L",
-        help="faser: target layers run before the early-exit test (default: half the model).",
+        help="faser: target layers run before the early-exit test (default: half the model; "
+        "clipped to 1..layers-1).",
     )
     group.add_argument(
         "--faser-exit-topk",

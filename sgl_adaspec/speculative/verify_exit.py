@@ -130,7 +130,7 @@ def _exit_rows(model, run: ExitRun, hidden, positions, forward_batch):
         value=handoff.value[keep],
         residual=None if handoff.residual is None else handoff.residual[keep],
     )
-    for name in ("input_ids", "out_cache_loc"):
+    for name in ("input_ids", "positions", "out_cache_loc"):
         setattr(forward_batch, name, getattr(forward_batch, name)[keep])
     spec_info = forward_batch.spec_info
     survivors = run.row_node[keep]
@@ -149,9 +149,11 @@ def _test(model, run: ExitRun, stream: torch.Tensor) -> torch.Tensor:
     run.tested = int(tested.sum())
     parents, parent_slot = torch.unique(run.row_parent[tested], return_inverse=True)
     x = stream[parents].float()
-    # The final RMSNorm applied to the intermediate stream, then the lm_head ("logit lens").
+    # The final RMSNorm applied to the intermediate stream, then the lm_head ("logit lens"),
+    # in the head's dtype (no copy of the [V, H] weights).
     normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + model.norm.variance_epsilon)
-    logits = (normed * model.norm.weight.float()) @ run.head_weight.float().T  # [P, V]
+    normed = (normed * model.norm.weight.float()).to(run.head_weight.dtype)
+    logits = torch.nn.functional.linear(normed, run.head_weight).float()  # [P, V]
     parent_logits = logits.new_zeros((run.row_token.numel(), logits.shape[1]))
     parent_logits[tested] = logits[parent_slot]
     return exiting_rows(run.row_token, run.row_parent, parent_logits, run.plan.topk)
