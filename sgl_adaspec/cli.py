@@ -153,8 +153,8 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
         help="faser: token-wise early exit inside verification: after --faser-exit-layer layers, "
         "draft tokens outside the intermediate top-K leave the pass with their suffix. auto "
         "(the bare flag): when the expected saving exceeds the test's cost; always: every "
-        "verify. Llama-family targets on the CPU (torch) attention backend; elsewhere the full "
-        "pass runs (default: %(default)s).",
+        "verify. LlamaForCausalLM targets with the CPU recipe's torch attention backend; "
+        "elsewhere the full pass runs (default: %(default)s).",
     )
     group.add_argument(
         "--faser-exit-layer",

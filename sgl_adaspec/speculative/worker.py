@@ -298,7 +298,14 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
     the policy's early exit (`verify_exit`) where it asked for one and the model supports it."""
     spec_info = getattr(forward_batch, "spec_info", None)
     keep = getattr(spec_info, "adaspec_keep", None)
-    if not kwargs.get("is_verify", False) or keep is None or not _backend_runs_ragged_verify(worker):
+    if not kwargs.get("is_verify", False) or keep is None:
+        return original(worker, batch, forward_batch, *args, **kwargs)
+    if not _backend_runs_ragged_verify(worker):
+        if getattr(spec_info, "adaspec_early_exit", None) is not None:
+            _warn_once(
+                "sgl_adaspec: faser early exit runs on the plugin's torch attention backend "
+                "(the CPU recipe) only; verifying in full"
+            )
         return original(worker, batch, forward_batch, *args, **kwargs)
     run = _exit_run(worker, forward_batch, keep)
     if run is None and bool(keep.all()):
@@ -328,13 +335,28 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
 
 def _exit_run(worker, forward_batch, keep: torch.Tensor) -> ExitRun | None:
     """The early exit of this verify pass, or None (not asked for, not worth it by eq. 10, or
-    a model the hook cannot split)."""
+    a setup the hook cannot split: logged once)."""
     spec_info = forward_batch.spec_info
     plan = getattr(spec_info, "adaspec_early_exit", None)
-    causal_lm = worker.model_runner.model
-    model = llama_stack(causal_lm) if plan is not None else None
-    if model is None:
+    if plan is None:
         return None
+    causal_lm = worker.model_runner.model
+    model = llama_stack(causal_lm)
+    if model is None or getattr(worker.model_runner, "tp_size", 1) != 1:
+        _warn_once(
+            "sgl_adaspec: faser early exit needs a LlamaForCausalLM target of 2+ layers on one "
+            "GPU/CPU rank without pipeline stages or aux hidden-state capture; verifying in full"
+        )
+        return None
+    try:
+        return _build_exit_run(spec_info, causal_lm, model, plan, keep, forward_batch)
+    except Exception:  # the exit is an optimisation: never fail a verify pass for it
+        logger.exception("sgl_adaspec: early-exit set-up failed; verifying in full")
+        return None
+
+
+def _build_exit_run(spec_info, causal_lm, model, plan, keep, forward_batch) -> ExitRun | None:
+    """The packed rows' tokens and tree links (see `ExitRun`), if eq. 10 says to test."""
     bs, ntok = keep.shape
     parents = torch.tensor(
         tree_parent_nodes(
@@ -360,6 +382,15 @@ def _exit_run(worker, forward_batch, keep: torch.Tensor) -> ExitRun | None:
         row_request=request[rows].to(device),
         row_node=(rows % ntok).to(device),
     )
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning(message)
 
 
 def _backend_runs_ragged_verify(worker) -> bool:
