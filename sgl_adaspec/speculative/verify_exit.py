@@ -118,20 +118,19 @@ def _exit_rows(model, run: ExitRun, hidden, positions, forward_batch):
     start = time.perf_counter()
     hidden = residual_batch.complete_output(hidden, forward_batch)
     handoff = residual_batch.export_replay_handoff(hidden, forward_batch)
-    if not handoff.written and handoff.residual is not None and not handoff.update.is_plain_add:
-        return residual_batch.import_replay_handoff(handoff, forward_batch), positions
-    stream = handoff.value
-    if not handoff.written and handoff.residual is not None:
-        stream = handoff.value + handoff.residual  # [R, H] the residual stream after the layer
-    try:
-        exited = _test(model, run, stream)
-    except Exception:  # the exit is an optimisation: never fail a verify pass for it
-        logger.exception("sgl_adaspec: early-exit test failed; verifying in full")
-        return residual_batch.import_replay_handoff(handoff, forward_batch), positions
-    run.exited = exited
-    if not bool(exited.any()):
+    exited = None
+    separate = not handoff.written and handoff.residual is not None
+    if not separate or handoff.update.is_plain_add:
+        # [R, H] the residual stream after the layer
+        stream = handoff.value + handoff.residual if separate else handoff.value
+        try:
+            exited = run.exited = _test(model, run, stream)
+        except Exception:  # the exit is an optimisation: never fail a verify pass for it
+            logger.exception("sgl_adaspec: early-exit test failed; verifying in full")
+    if exited is None or not bool(exited.any()):
+        hidden = residual_batch.import_replay_handoff(handoff, forward_batch)
         run.test_ms = 1000 * (time.perf_counter() - start)
-        return residual_batch.import_replay_handoff(handoff, forward_batch), positions
+        return hidden, positions
     keep = (~exited).nonzero().squeeze(1)
     handoff = handoff._replace(
         value=handoff.value[keep],

@@ -229,6 +229,9 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     ):
         return original(worker, batch, *args, **kwargs)
     verify_input = batch.spec_info
+    # The draft tree's parent links, walked once: the candidates, the pruning and the early
+    # exit all read them (pruning only unlinks nodes, so kept nodes keep these parents).
+    verify_input.adaspec_parents = tree_parents(verify_input)
     try:
         it = iteration_input(worker, batch, policy, scope)
         decision = policy.decide(it)
@@ -244,7 +247,7 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         device=it.cands.tokens.device,
     )
     keep[:, 1:] = selection.mask
-    prune_tree(verify_input, keep)
+    prune_tree(verify_input, keep, verify_input.adaspec_parents)
     verify_input.adaspec_keep = keep
     verify_input.adaspec_early_exit = decision.early_exit
     verify_input.adaspec_exit_counts = None
@@ -273,7 +276,8 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
 def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> IterationInput:
     """What the policy sees of this iteration (see `IterationInput`)."""
     reqs = batch.reqs
-    cands = candidates_from_verify_input(batch.spec_info, scope.path_prob)
+    spec_info = batch.spec_info
+    cands = candidates_from_verify_input(spec_info, scope.path_prob, spec_info.adaspec_parents)
     depth, width = scope.draft_ran or (worker.speculative_num_steps, worker.topk)
     slo = slo_batch(reqs, policy, policy.baseline_tpot_ms())
     return IterationInput(
@@ -328,7 +332,7 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
             # Exited nodes leave the tree: acceptance stops at their parents (lossless).
             rows = rows[~run.exited]
             keep = torch.zeros_like(keep).view(-1).index_fill_(0, rows, True).view(keep.shape)
-            prune_tree(spec_info, keep)
+            prune_tree(spec_info, keep, spec_info.adaspec_parents)
     _scatter_rows(result.logits_output, rows, keep.numel())
     return result
 
@@ -358,12 +362,7 @@ def _exit_run(worker, forward_batch, keep: torch.Tensor) -> ExitRun | None:
 def _build_exit_run(spec_info, causal_lm, model, plan, keep, forward_batch) -> ExitRun | None:
     """The packed rows' tokens and tree links (see `ExitRun`), if eq. 10 says to test."""
     bs, ntok = keep.shape
-    parents = torch.tensor(
-        tree_parent_nodes(
-            spec_info.retrieve_next_token.tolist(), spec_info.retrieve_next_sibling.tolist()
-        ),
-        dtype=torch.long,
-    )  # [bs, ntok] node of each node's parent within the (pruned) tree; NO_NODE for roots
+    parents = spec_info.adaspec_parents  # [bs, ntok]; kept nodes' parents are kept too
     flat_keep = keep.cpu().reshape(-1)
     rows = flat_keep.nonzero().squeeze(1)
     row_of = torch.full((bs * ntok,), -1, dtype=torch.long)
@@ -414,11 +413,18 @@ def _scatter_rows(logits_output, rows: torch.Tensor, num_rows: int) -> None:
 # --- adapters between SGLang objects and the policy's tensors ---------------------------------
 
 
-def candidates_from_verify_input(verify_input, path_prob: torch.Tensor) -> Candidates:
-    """SGLang's verify tree (node 0 = root) as the policy's Candidates (root excluded)."""
-    next_token = verify_input.retrieve_next_token.tolist()
-    next_sibling = verify_input.retrieve_next_sibling.tolist()
-    parents = torch.tensor(tree_parent_nodes(next_token, next_sibling), dtype=torch.long)
+def tree_parents(verify_input) -> torch.Tensor:
+    """[bs, ntok] int64 (CPU): each node's parent in SGLang's verify tree (node 0 = root),
+    NO_NODE for roots and unlinked nodes."""
+    links = (verify_input.retrieve_next_token.tolist(), verify_input.retrieve_next_sibling.tolist())
+    return torch.tensor(tree_parent_nodes(*links), dtype=torch.long)
+
+
+def candidates_from_verify_input(
+    verify_input, path_prob: torch.Tensor, parents: torch.Tensor
+) -> Candidates:
+    """SGLang's verify tree (node 0 = root; `parents` from `tree_parents`) as the policy's
+    Candidates (root excluded)."""
     bs, ntok = verify_input.retrieve_next_token.shape
     draft_tokens = verify_input.draft_token.view(bs, ntok)
     node_parents = parents[:, 1:] - 1  # root (0) -> -1; unlinked (NO_NODE) -> -2
@@ -442,13 +448,10 @@ def candidates_from_verify_input(verify_input, path_prob: torch.Tensor) -> Candi
     )
 
 
-def prune_tree(verify_input, keep: torch.Tensor) -> None:
-    """Unlink every node not in `keep` [bs, ntok] (closed under parent) from the verify tree."""
+def prune_tree(verify_input, keep: torch.Tensor, parents: torch.Tensor) -> None:
+    """Unlink every node not in `keep` [bs, ntok] (closed under parent) from the verify tree
+    whose parent links are `parents` (`tree_parents`)."""
     next_token = verify_input.retrieve_next_token
-    parents = torch.tensor(
-        tree_parent_nodes(next_token.tolist(), verify_input.retrieve_next_sibling.tolist()),
-        dtype=torch.long,
-    )
     parents = torch.where(keep.cpu(), parents, NO_NODE)
     first_child, next_sib = sibling_links(parents)
     verify_input.retrieve_next_token.copy_(first_child.to(next_token.device))
