@@ -17,6 +17,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
+# faser's token-wise early exit: never, when eq. 10 says it pays, on every verify.
+EARLY_EXIT_MODES = ("off", "auto", "always")
+
 CONFIG_ENV = "ADASPEC_CONFIG"
 
 
@@ -128,10 +131,10 @@ class AdaspecConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         self.faser_length_set  # parses, or raises ConfigError
-        modes = ("off", "auto", "always")
-        if self.faser_early_exit not in modes:
+        if self.faser_early_exit not in EARLY_EXIT_MODES:
             raise ConfigError(
-                f"--faser-early-exit must be one of {', '.join(modes)}, got {self.faser_early_exit!r}"
+                f"--faser-early-exit must be one of {', '.join(EARLY_EXIT_MODES)}, got "
+                f"{self.faser_early_exit!r}"
             )
         if self.faser_early_exit != "off" and self.spec_policy != "faser":
             raise ConfigError(

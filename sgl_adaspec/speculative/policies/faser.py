@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import torch
 
+from sgl_adaspec.config import EARLY_EXIT_MODES
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan, expected_rejected
 from sgl_adaspec.speculative.policies.base import (
     check_common_config,
@@ -50,7 +51,6 @@ from sgl_adaspec.speculative.policies.base import (
 )
 from sgl_adaspec.speculative.shapes import chain_positions, chain_prefix_mask, selection_from_mask
 
-EARLY_EXIT_MODES = ("off", "auto", "always")
 EXIT_PROBE_INTERVAL = 64
 OVERLAP_UNAVAILABLE = (
     "faser overlap (--faser-overlap) is not available in this build: overlapping the draft with "
