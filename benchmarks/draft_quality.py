@@ -7,7 +7,7 @@
    ``sgl_adaspec.models.train_eagle``). The draft runs in float32 from the exported bf16
    weights, fed exactly what SGLang feeds it; at step s > 1 it consumes its own hidden state
    (draft decode). Reported per step over the generated tokens: fraction where the draft's argmax
-   equals the target's. Step 1 is the headline.
+   equals the target's. Step 1 is the headline, also split by Spec-Bench category.
 2. Acceptance through a real SGLang server on CPU (the project's path, EAGLE depth 4, topk 2,
    8 draft tokens, greedy): mean accepted tokens per verify = sum of completion tokens / sum of
    verify passes (SGLang's ``spec_accept_length`` aggregated), over ``--prompts`` held-out
@@ -31,7 +31,8 @@ import requests
 import torch
 from safetensors import safe_open
 
-from sgl_adaspec.models.eagle_data import Shard
+from sgl_adaspec.models.copy_rule import copy_rule_guesses
+from sgl_adaspec.models.eagle_data import Shard, spec_bench_heldout_categories
 from sgl_adaspec.models.eagle_draft import load_draft
 from sgl_adaspec.models.smollm2 import prepare_smollm2
 from sgl_adaspec.models.train_eagle import (
@@ -52,9 +53,13 @@ def target_embedding(target: Path) -> torch.Tensor:
 
 
 @torch.no_grad()
-def top1_agreement(draft_dir: Path, shard: Shard, embed: torch.Tensor, steps: int) -> list[float]:
+def top1_agreement(
+    draft_dir: Path, shard: Shard, embed: torch.Tensor, steps: int
+) -> tuple[list[float], list[tuple[int, int]]]:
+    """Agreement per draft step, and each sequence's step-1 counts (``STEP1_COUNTS``)."""
     draft = load_draft(draft_dir, torch.float32)
     hits, counts = [0] * steps, [0] * steps
+    per_sequence = []
     for i in range(len(shard)):
         ids, hidden, start = shard.sequence(i)
         embeds, h_in, positions, h_next = sequence_inputs(ids, hidden.float(), embed)
@@ -66,7 +71,36 @@ def top1_agreement(draft_dir: Path, shard: Shard, embed: torch.Tensor, steps: in
             top = (out[0, rows] @ embed.T).argmax(-1)
             hits[s - 1] += int((top == target_top).sum())
             counts[s - 1] += len(rows)
-    return [h / max(c, 1) for h, c in zip(hits, counts)]
+            if s == 1:
+                hit = top == target_top
+                copy = copy_rule_guesses(ids)[rows]
+                seen = copy >= 0
+                counts_1 = (hit.sum(), len(rows), seen.sum(), hit[seen].sum(),
+                            (copy == target_top)[seen].sum())  # fmt: skip
+                per_sequence.append(tuple(int(c) for c in counts_1))
+    return [h / max(c, 1) for h, c in zip(hits, counts)], per_sequence
+
+
+STEP1_COUNTS = ("hits", "positions", "seen", "hits_seen", "copy_hits_seen")
+
+
+def by_category(per_sequence: list[tuple[int, ...]], categories: list[str]) -> dict[str, dict]:
+    """Step-1 agreement per Spec-Bench category, and on positions whose current token occurred
+    before (``seen``): the draft's agreement there next to the copy rule's."""
+    totals: dict[str, list[int]] = {}
+    for counts, category in zip(per_sequence, categories):
+        t = totals.setdefault(category, [0] * (len(STEP1_COUNTS) + 1))
+        for k, c in enumerate((1, *counts)):
+            t[k] += c
+    report = {}
+    for category, counts in sorted(totals.items()):
+        questions, hits, positions, seen, hits_seen, copy_seen = counts
+        report[category] = {
+            "questions": questions, "positions": positions, "agreement": hits / max(positions, 1),
+            "seen_share": seen / max(positions, 1), "draft_on_seen": hits_seen / max(seen, 1),
+            "copy_rule_on_seen": copy_seen / max(seen, 1),
+        }  # fmt: skip
+    return report
 
 
 def server_acceptance(target: Path, draft: Path, shard: Shard, prompts: int, max_new: int):
@@ -130,10 +164,18 @@ def main() -> int:
     shard = build_eval_set(target, args.work_dir / "eval" / "heldout.safetensors")
     embed = target_embedding(target)
     t0 = time.monotonic()
-    agreement = top1_agreement(args.draft, shard, embed, STEPS)
+    agreement, per_sequence = top1_agreement(args.draft, shard, embed, STEPS)
     print(f"held-out: {len(shard)} questions, {shard.tokens} tokens ({time.monotonic() - t0:.0f}s)")
     for s, a in enumerate(agreement, start=1):
         print(f"top-1 agreement, draft step {s}: {a:.4f}")
+    categories = spec_bench_heldout_categories()
+    rows = by_category(per_sequence, categories) | by_category(per_sequence, ["all"] * len(shard))
+    print("step 1 by category; 'seen' = current token occurred earlier in the text, where the"
+          " copy rule (sgl_adaspec.models.copy_rule) can guess:")
+    for category, r in rows.items():
+        print(f"  {category:15s} {r['agreement']:.3f} ({r['questions']} questions, "
+              f"{r['positions']} positions; seen {r['seen_share']:.0%}: draft "
+              f"{r['draft_on_seen']:.3f}, copy rule {r['copy_rule_on_seen']:.3f})")  # fmt: skip
     # Teacher-forced chain estimate of accepted tokens per verify along a single path (topk 1).
     chain, alive = 1.0, 1.0
     for a in agreement:

@@ -64,14 +64,24 @@ def spec_bench_path() -> Path:
 
 def spec_bench_split(path: Path | None = None) -> tuple[list[str], list[str]]:
     """(train, heldout) first-turn questions; heldout = every 6th line (index % 6 == 5)."""
-    lines = (path or spec_bench_path()).read_text().splitlines()
     train, heldout = [], []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        turns = json.loads(line)["turns"]
-        (heldout if i % HELDOUT_EVERY == HELDOUT_EVERY - 1 else train).append(turns[0])
+    for question, _, held in _spec_bench_rows(path):
+        (heldout if held else train).append(question)
     return train, heldout
+
+
+def spec_bench_heldout_categories(path: Path | None = None) -> list[str]:
+    """Category of each held-out question, in ``spec_bench_split``'s order."""
+    return [category for _, category, held in _spec_bench_rows(path) if held]
+
+
+def _spec_bench_rows(path: Path | None):
+    """(first turn, category, held out?) per question line."""
+    lines = (path or spec_bench_path()).read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.strip():
+            row = json.loads(line)
+            yield row["turns"][0], row.get("category", "?"), i % HELDOUT_EVERY == HELDOUT_EVERY - 1
 
 
 def sharegpt_json(cache: Path | None = None) -> Path:

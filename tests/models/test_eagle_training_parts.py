@@ -8,7 +8,13 @@ import random
 import torch
 
 from sgl_adaspec.models import train_eagle
-from sgl_adaspec.models.eagle_data import Shard, iter_sharegpt, spec_bench_split
+from sgl_adaspec.models.eagle_data import (
+    Shard,
+    iter_sharegpt,
+    spec_bench_heldout_categories,
+    spec_bench_split,
+)
+from sgl_adaspec.models.copy_rule import copy_rule_guesses
 from sgl_adaspec.models.eagle_draft import DraftShape
 from sgl_adaspec.models.train_eagle import (
     ShardPool,
@@ -45,10 +51,12 @@ def test_sharegpt_reader_survives_a_cut_file(tmp_path) -> None:
 
 def test_spec_bench_heldout_is_every_sixth_question(tmp_path) -> None:
     path = tmp_path / "q.jsonl"
-    path.write_text("".join(json.dumps({"turns": [f"q{i}", "x"]}) + "\n" for i in range(12)))
+    rows = [{"turns": [f"q{i}", "x"], "category": f"c{i % 4}"} for i in range(12)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     train, heldout = spec_bench_split(path)
     assert heldout == ["q5", "q11"]
     assert len(train) == 10 and not set(train) & set(heldout)
+    assert spec_bench_heldout_categories(path) == ["c1", "c3"]
 
 
 def test_length_batches_respect_the_token_budget() -> None:
@@ -104,6 +112,26 @@ def test_a_few_steps_fit_a_tiny_target() -> None:
     assert losses[-1] < 0.5 * losses[0]
 
 
+def test_hard_ce_adds_the_greedy_tokens_negative_log_likelihood() -> None:
+    torch.manual_seed(0)
+    head = torch.randn(SHAPE.vocab_size, SHAPE.hidden_size)
+    embed = torch.randn(SHAPE.vocab_size, SHAPE.hidden_size)
+    model = init_draft(SHAPE)
+    ids = torch.randint(0, SHAPE.vocab_size, (12,))
+    hidden = torch.randn(12, SHAPE.hidden_size)
+    select = torch.ones(11, dtype=torch.bool)
+    with torch.no_grad():
+        soft, _, _ = draft_losses(model, ids, hidden, embed, head, 1, 0.5, select)
+        both, _, _ = draft_losses(model, ids, hidden, embed, head, 1, 0.5, select, hard=2.0)
+        # by hand: the draft's log-probability of the target's argmax at each position
+        embeds, h_in, positions, h_next = sequence_inputs(ids, hidden, embed)
+        out = model.unrolled(embeds, h_in, positions, 1)[0][0]
+        logp = torch.log_softmax(out @ head.T, dim=-1)
+        greedy = (h_next @ head.T).argmax(-1)
+        nll = -logp[torch.arange(11), greedy].sum()
+    assert torch.allclose(both - soft, 2.0 * nll, rtol=1e-4)
+
+
 def test_pool_prefers_the_least_used_shards(tmp_path) -> None:
     for name in ("00000-gen", "00001-gen"):
         Shard.build([(list(range(10)), torch.randn(10, 8), 3)] * 10).save(
@@ -122,3 +150,12 @@ def test_estimated_uses_favour_early_shards() -> None:
     est = estimated_uses(["a", "b", "c"], 300.0)
     assert est["a"] > est["b"] > est["c"] > 0
     assert abs(sum(est.values()) - 300.0) < 1e-9
+
+
+def test_copy_rule_predicts_the_successor_of_the_last_earlier_occurrence() -> None:
+    #        0  1  2  3  4  5  6
+    ids = torch.tensor([5, 7, 9, 5, 8, 5, 7])
+    # position t: current token ids[t+1]; guess = successor of its last occurrence before t+1
+    # t=0 cur 7: new; t=1 cur 9: new; t=2 cur 5: ids[0]=5 -> 7; t=3 cur 8: new;
+    # t=4 cur 5: last 5 before index 5 is index 3 -> 8; t=5 cur 7: index 1 -> 9
+    assert copy_rule_guesses(ids).tolist() == [-1, -1, 7, -1, 8, 9]
