@@ -191,7 +191,6 @@ def draft_losses(
     unroll: int,
     reg: float,
     select: torch.Tensor,
-    hard: float = 0.0,
 ):
     """Loss summed over the selected positions and per-step top-1 (hits, counts) there.
 
@@ -219,10 +218,7 @@ def draft_losses(
         r = rows[first:]
         o = out[0, r]
         logits = (o @ head.T).float()
-        logp = torch.log_softmax(logits, dim=-1)
-        ce = -(target_probs[first:] * logp).sum(-1)
-        if hard:  # extra weight on the target's greedy token: top-1 is what a verify accepts
-            ce = ce - hard * logp.gather(-1, target_top[first:, None]).squeeze(-1)
+        ce = -(target_probs[first:] * torch.log_softmax(logits, dim=-1)).sum(-1)
         sl1 = F.smooth_l1_loss(o.float(), h_next[r].float(), reduction="none").mean(-1)
         total = total + 0.8 ** (s - 1) * (ce + reg * sl1).sum()
         hits.append(int((logits.argmax(-1) == target_top[first:]).sum()))
@@ -368,7 +364,7 @@ def export(model: EagleDraft, target: Target, folder: Path, record: dict, curve:
 
 
 def run(args) -> int:
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     deadline = time.monotonic() + args.minutes * 60
     work: Path = args.work_dir
     (work / "shards").mkdir(parents=True, exist_ok=True)
@@ -489,7 +485,7 @@ def run(args) -> int:
             select = training_selection(len(ids) - 1, start, args.max_positions, rng)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss, hits, counts = draft_losses(
-                    model, ids, hidden, embed, head, args.unroll, args.reg, select, args.hard_ce
+                    model, ids, hidden, embed, head, args.unroll, args.reg, select
                 )
             (loss / args.tokens_per_step).backward()
             tokens += counts[0]
@@ -540,8 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="scored positions per sequence (the vocabulary projection's cost)")  # fmt: skip
     parser.add_argument("--unroll", type=int, default=3)
     parser.add_argument("--reg", type=float, default=0.5)
-    parser.add_argument("--hard-ce", type=float, default=0.0,
-                        help="weight of an extra cross-entropy to the target's greedy token")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default one core)")
     parser.add_argument("--lr", type=float, default=6e-4)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--total-steps", type=int, default=8000)

@@ -112,26 +112,6 @@ def test_a_few_steps_fit_a_tiny_target() -> None:
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_hard_ce_adds_the_greedy_tokens_negative_log_likelihood() -> None:
-    torch.manual_seed(0)
-    head = torch.randn(SHAPE.vocab_size, SHAPE.hidden_size)
-    embed = torch.randn(SHAPE.vocab_size, SHAPE.hidden_size)
-    model = init_draft(SHAPE)
-    ids = torch.randint(0, SHAPE.vocab_size, (12,))
-    hidden = torch.randn(12, SHAPE.hidden_size)
-    select = torch.ones(11, dtype=torch.bool)
-    with torch.no_grad():
-        soft, _, _ = draft_losses(model, ids, hidden, embed, head, 1, 0.5, select)
-        both, _, _ = draft_losses(model, ids, hidden, embed, head, 1, 0.5, select, hard=2.0)
-        # by hand: the draft's log-probability of the target's argmax at each position
-        embeds, h_in, positions, h_next = sequence_inputs(ids, hidden, embed)
-        out = model.unrolled(embeds, h_in, positions, 1)[0][0]
-        logp = torch.log_softmax(out @ head.T, dim=-1)
-        greedy = (h_next @ head.T).argmax(-1)
-        nll = -logp[torch.arange(11), greedy].sum()
-    assert torch.allclose(both - soft, 2.0 * nll, rtol=1e-4)
-
-
 def test_pool_prefers_the_least_used_shards(tmp_path) -> None:
     for name in ("00000-gen", "00001-gen"):
         Shard.build([(list(range(10)), torch.randn(10, 8), 3)] * 10).save(
