@@ -8,13 +8,13 @@ import random
 import torch
 
 from sgl_adaspec.models import train_eagle
+from sgl_adaspec.models.copy_rule import copy_rule_guesses
 from sgl_adaspec.models.eagle_data import (
     Shard,
     iter_sharegpt,
     spec_bench_heldout_categories,
     spec_bench_split,
 )
-from sgl_adaspec.models.copy_rule import copy_rule_guesses
 from sgl_adaspec.models.eagle_draft import DraftShape
 from sgl_adaspec.models.train_eagle import (
     ShardPool,
