@@ -49,6 +49,14 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
         "included (default: no budget, every candidate may be verified).",
     )
     group.add_argument(
+        "--adaserve-budget-rule",
+        choices=("cost", "knee"),
+        default=AdaspecConfig.adaserve_budget_rule,
+        help="adaserve: cost (default) sizes speculation by its measured cost and calibrated "
+        "acceptance each iteration, down to none where it does not pay (--adaserve-budget then "
+        "caps B); knee is the paper's rule: B at the start-up profile's knee, depth from eq. 8.",
+    )
+    group.add_argument(
         "--adaserve-max-nodes-per-request",
         type=int,
         default=AdaspecConfig.adaserve_max_nodes_per_request,
@@ -206,6 +214,7 @@ def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
                 "adaserve_max_nodes_per_request",
                 "adaserve_verify_tokens_per_step",
                 "adaserve_draft_tokens_per_step",
+                "adaserve_budget_rule",
                 "draft_tiers",
                 "baseline_tpot_ms",
                 "slo_admission",

@@ -42,6 +42,9 @@ class AdaspecConfig:
     # step for the whole batch.
     adaserve_verify_tokens_per_step: int | None = None
     adaserve_draft_tokens_per_step: int = 64
+    # adaserve's budget rule: "cost" (B, d and speculation itself from measured costs and
+    # calibrated acceptance) or "knee" (the paper's: B at the profile's knee, d from eq. 8).
+    adaserve_budget_rule: str = "cost"
     # Run the draft at the policy's (depth, width) where supported ("on"), or always at the
     # configured --speculative-num-steps / --speculative-eagle-topk ("off").
     draft_tiers: str = "on"
@@ -89,6 +92,10 @@ class AdaspecConfig:
         for name in ("adaserve_verify_tokens_per_step", "adaserve_draft_tokens_per_step"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.adaserve_budget_rule not in ("cost", "knee"):
+            raise ConfigError(
+                f"--adaserve-budget-rule must be cost or knee, got {self.adaserve_budget_rule!r}"
+            )
         if self.draft_tiers not in ("on", "off"):
             raise ConfigError(f"--draft-tiers must be on or off, got {self.draft_tiers!r}")
         if self.adaserve_budget is not None and self.adaserve_budget < 1:
@@ -211,8 +218,12 @@ class AdaspecConfig:
 
     @classmethod
     def from_env(cls) -> "AdaspecConfig":
-        """The config published by the launcher, or the defaults when none was published."""
-        raw = os.environ.get(CONFIG_ENV)
+        """The config published by the launcher, or the defaults when none was published.
+        Parsed and checked once per distinct value (hooks ask for it on every request)."""
+        return _parse_env_config(cls, os.environ.get(CONFIG_ENV) or "")
+
+    @classmethod
+    def _from_json(cls, raw: str) -> "AdaspecConfig":
         if not raw:
             return cls()
         try:
@@ -220,6 +231,11 @@ class AdaspecConfig:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{CONFIG_ENV} is not valid JSON: {exc}") from exc
         return cls.from_mapping(values)
+
+
+@lru_cache(maxsize=4)
+def _parse_env_config(cls, raw: str) -> AdaspecConfig:
+    return cls._from_json(raw)
 
 
 @lru_cache(maxsize=4)

@@ -23,9 +23,6 @@ def register() -> None:
     HookRegistry.register(f"{server_args}.add_cli_args", cli.add_cli_args, HookType.AFTER)
     HookRegistry.register(f"{server_args}.from_cli_args", cli.from_cli_args, HookType.AROUND)
     HookRegistry.register(
-        "sglang.srt.managers.scheduler.Scheduler.__init__", _announce_config, HookType.AFTER
-    )
-    HookRegistry.register(
         "sglang.srt.sampling.sampling_params.SamplingParams.verify",
         _validate_request_slo,
         HookType.AFTER,
@@ -33,15 +30,6 @@ def register() -> None:
     cpu_hooks.register(HookRegistry, HookType)
     spec_worker.register(HookRegistry, HookType)
     scheduler_adapter.register(HookRegistry, HookType)
-
-
-def _announce_config(_result, scheduler, *args, **kwargs) -> None:
-    """AFTER hook on `Scheduler.__init__`: the scheduler process reads the launcher's config."""
-    from sgl_adaspec.config import AdaspecConfig
-
-    config = AdaspecConfig.from_env()
-    scheduler.adaspec_config = config
-    logger.info("sgl_adaspec: scheduler uses spec policy %s (%s)", config.spec_policy, config)
 
 
 def _validate_request_slo(_result, sampling_params, *args, **kwargs) -> None:

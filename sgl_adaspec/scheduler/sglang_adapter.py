@@ -15,7 +15,7 @@ import time
 
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.admission import AdmissionConfig, WaitingRequest, admission_order
-from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, marginal_ms_per_token
+from sgl_adaspec.scheduler.cost_model import marginal_ms_per_token
 from sgl_adaspec.scheduler.prefill_bound import RunningSlo, prefill_token_budget
 from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo
 
@@ -61,12 +61,13 @@ def bound_prefill(*args, **kwargs):
     tracked = [(r, r._adaspec_state) for r in reqs if getattr(r, "_adaspec_state", None)]
     # Requests found unable to meet their SLO even alone are served best effort: no say here.
     tracked = [(r, state) for r, state in tracked if not state.infeasible]
-    profile = tracked[0][1].stats.cost_profile if tracked else None
-    if not profile:
+    from sgl_adaspec.speculative.worker import runtime
+
+    plugin_state = runtime()
+    profile = plugin_state.cost_profile if plugin_state is not None and tracked else None
+    if profile is None:
         return None
-    cost = marginal_ms_per_token(
-        VerifyCostProfile(tuple(profile["tokens"]), tuple(profile["latency_ms"]))
-    )
+    cost = marginal_ms_per_token(profile)
     now = time.perf_counter()
     running = [
         RunningSlo(

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from sgl_adaspec.sim.experiments import SweepConfig, SweepSetup, mean_summary
-from sgl_adaspec.sim.policies import Adaserve
+from sgl_adaspec.sim.policies import adaserve_sim
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig
 
@@ -82,7 +82,7 @@ def run_grid(config: SweepConfig, axes: GridAxes, progress=print) -> dict:
         )
         by_rate = {}
         for rate, runs in workloads.items():
-            mean = mean_summary(setup.run(lambda: Adaserve(adaserve), runs))
+            mean = mean_summary(setup.run(lambda: adaserve_sim(adaserve), runs))
             by_rate[rate] = {k: mean[k] for k in ("attainment", "goodput_tok_s")}
         row = {
             **asdict(point),

@@ -33,7 +33,7 @@ from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
-from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase
+from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase, make_outcome
 from sgl_adaspec.speculative.selection import select_static
 
 # draft(depth, width) -> the batch's sampled candidate trees of that beam shape.
@@ -217,74 +217,44 @@ class AdaptiveSteps:
 
 
 @dataclass
-class Adaserve:
-    config: AdaserveConfig
-    draft_shape: Literal["planned", "configured"] = "planned"
-    name: str = "adaserve"
-    speculates: bool = True
-
-    def __post_init__(self) -> None:
-        self.policy = AdaservePolicy(self.config)
-
-    def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
-        num_requests = slo.num_requests
-        tree = self.config.tree
-        if self.draft_shape == "planned":
-            depth, width = self.policy.draft_shape(num_requests, tree.max_depth, tree.max_width)
-        else:
-            depth, width = tree.max_depth, tree.max_width
-        trees = draft(depth, width)
-        selection, _required, plan = self.policy.select(trees.candidates(), slo)
-        return Decision(
-            _beam_forwards(num_requests, depth, width),
-            trees,
-            selection.mask.numpy(),
-            selection.num_tokens.numpy(),
-            plan.depth,
-            plan.width,
-            plan.budget,
-        )
-
-    def observe(self, decision, accepted, latency_ms, verify_ms) -> None:
-        self.policy.observe_iteration(latency_ms)
-        self.policy.observe_verify(verify_ms)
-        self.policy.stats.observe_iteration(
-            decision.verified.tolist(),
-            (accepted + 1).tolist(),
-            decision.budget,
-            decision.depth,
-            decision.width,
-        )
-
-
-@dataclass
 class ServerPolicy:
-    """Any server policy (`speculative/policies`) deciding on the candidates SGLang's EAGLE
-    draft hands it with the static baseline's flags (steps 5, topk 4, 8 draft tokens), exactly
-    as the SGLang adapter drives it (decide, then observe)."""
+    """Any server policy (`speculative/policies`) driven exactly as the SGLang adapter drives
+    it: `draft_shape` before the draft (depth 0: a plain decode), `decide` on the candidates,
+    then one `observe` of the outcome built by the same `make_outcome`.
+    - depth / width: the configured draft search (--speculative-num-steps / -eagle-topk);
+    - num_draft_tokens: SGLang's rerank keeps each request's top nodes by f, root included
+      (--speculative-num-draft-tokens); None: every drafted node is a candidate;
+    - planned_shape: the draft runs the policy's shape (draft tiers on) or the configured one
+      (off; a depth of 0 is honoured either way, as on the server)."""
 
     policy: PolicyBase
     name: str
     depth: int = 5
     width: int = 4
-    num_draft_tokens: int = 8  # SGLang's count: root included
+    num_draft_tokens: int | None = 8
+    planned_shape: bool = True
     speculates: bool = True
 
     def decide(
         self, slo: SloBatch, draft: Drafter, rids: tuple[str, ...], context_lens: np.ndarray
     ) -> Decision:
-        # The draft runs at the policy's shape, as the server's draft tiers run it.
-        depth, width = self.policy.draft_shape(slo.num_requests, self.depth, self.width)
+        num_requests = slo.num_requests
+        depth, width = self.policy.draft_shape(num_requests, self.depth, self.width)
+        self._pending = (None, None, rids, int(context_lens.sum()))
+        if depth == 0:
+            return _plain(num_requests)
+        if not self.planned_shape:
+            depth, width = self.depth, self.width
         trees = draft(depth, width)
-        # What SGLang hands the policy: its rerank keeps each request's top nodes by f.
-        full = trees.candidates()
-        kept = select_static(full, self.num_draft_tokens - 1).mask
-        cands = Candidates(full.tokens, full.parents, full.path_prob, kept)
+        cands = trees.candidates()
+        if self.num_draft_tokens is not None:
+            kept = select_static(cands, self.num_draft_tokens - 1).mask
+            cands = Candidates(cands.tokens, cands.parents, cands.path_prob, kept)
         it = IterationInput(cands, slo, rids, torch.from_numpy(context_lens), depth, width)
         decision = self.policy.decide(it)
-        self._batch = (rids, int(context_lens.sum()), depth)
+        self._pending = (it, decision, rids, int(context_lens.sum()))
         return Decision(
-            _beam_forwards(slo.num_requests, depth, width),
+            _beam_forwards(num_requests, depth, width),
             trees,
             decision.selection.mask.numpy(),
             decision.selection.num_tokens.numpy(),
@@ -294,31 +264,46 @@ class ServerPolicy:
         )
 
     def observe(self, decision, accepted, latency_ms, verify_ms) -> None:
-        rids, context, depth = self._batch
-        verified = torch.from_numpy(decision.verified)
-        committed = torch.from_numpy(accepted + 1)
-        self.policy.observe_verify(verify_ms, int(verified.sum()), context)
-        self.policy.observe_outcome(rids, verified, committed)
-        self.policy.observe_iteration(latency_ms, depth)
-        self.policy.stats.observe_iteration(
-            verified.tolist(), committed.tolist(), decision.budget, decision.depth, decision.width
+        it, server_decision, rids, context = self._pending
+        if server_decision is None:
+            self.policy.stats.observe_plain(len(rids))
+        outcome = make_outcome(
+            it,
+            server_decision,
+            rids=rids,
+            context_tokens=context,
+            accepted=torch.from_numpy(accepted + 1),
+            verify_ms=verify_ms,
+            iteration_ms=latency_ms,
         )
+        self.policy.observe(outcome)
+
+
+def adaserve_sim(config: AdaserveConfig, name: str = "adaserve", planned: bool = True):
+    """adaserve over the whole drafted tree of the configured maximum shape (D_max x W_max)."""
+    tree = config.tree
+    return ServerPolicy(
+        AdaservePolicy(config), name, tree.max_depth, tree.max_width, None, planned
+    )
 
 
 # The other seed systems, run through `ServerPolicy`.
 SERVER_POLICY_NAMES = ("adaspec", "tetris", "faser", "dropin")
 POLICY_NAMES = ("none", "static", "sglang-adaptive", "adaserve") + SERVER_POLICY_NAMES
 # Not in the default sweep: adaserve whose draft always runs the configured maximum shape
-# (D_max x W_max) and only selection adapts, as the server does with --draft-tiers off.
-EXTRA_POLICY_NAMES = ("adaserve-full-draft",)
+# (D_max x W_max) and only selection adapts, as the server does with --draft-tiers off; adaserve
+# with the paper's knee budget and eq. 8 depth instead of the cost rule.
+EXTRA_POLICY_NAMES = ("adaserve-full-draft", "adaserve-knee")
 
 
-def adaserve_config(budget: int, baseline_tpot_ms: float) -> AdaserveConfig:
-    """The simulator's adaserve settings: budget B, the verify share of the depth rule B1 = B
-    (AdaptiveTreeConfig's advice: B1 near the knee), the baseline TPOT of the latency model."""
+def adaserve_config(budget: int, baseline_tpot_ms: float, rule: str = "cost") -> AdaserveConfig:
+    """The simulator's adaserve settings, as the server builds them: the knee `budget` is B
+    under the knee rule (the cost rule sizes B itself), the depth rule's B1 = the knee
+    (AdaptiveTreeConfig's advice), the baseline TPOT of the latency model."""
     return AdaserveConfig(
-        budget=budget,
+        budget=budget if rule == "knee" else None,
         baseline_tpot_ms=baseline_tpot_ms,
+        budget_rule=rule,
         tree=AdaptiveTreeConfig(verify_tokens_per_step=budget),
     )
 
@@ -331,11 +316,13 @@ def make_policy(name: str, budget: int, baseline_tpot_ms: float) -> SimPolicy:
     if name == "sglang-adaptive":
         return AdaptiveSteps()
     if name == "adaserve":
-        return Adaserve(adaserve_config(budget, baseline_tpot_ms))
+        return adaserve_sim(adaserve_config(budget, baseline_tpot_ms))
     if name in SERVER_POLICY_NAMES:
         policy = build_policy(AdaspecConfig(spec_policy=name, baseline_tpot_ms=baseline_tpot_ms))
         return ServerPolicy(policy, name)
+    if name == "adaserve-knee":
+        return adaserve_sim(adaserve_config(budget, baseline_tpot_ms, "knee"), name)
     if name == "adaserve-full-draft":
-        return Adaserve(adaserve_config(budget, baseline_tpot_ms), "configured", name)
+        return adaserve_sim(adaserve_config(budget, baseline_tpot_ms), name, planned=False)
     names = ", ".join(POLICY_NAMES + EXTRA_POLICY_NAMES)
     raise KeyError(f"unknown simulator policy {name!r}; choose one of: {names}")

@@ -52,6 +52,16 @@ class PrometheusSink:
             f"{PREFIX}early_exit_tokens",
             "Draft tokens that left the verify pass early (token-wise early exit)",
         )
+        self.draft_accepted = Counter(
+            f"{PREFIX}draft_tokens_accepted",
+            "Accepted draft tokens (bonus excluded): predicted by the draft's raw path "
+            "probabilities, by the calibrated ones, and observed",
+            ["kind"],
+        )
+        self.plain = Counter(
+            f"{PREFIX}plain_iterations",
+            "Iterations run without speculation because no tree was worth its cost",
+        )
         self.shape = Gauge(
             f"{PREFIX}iteration_shape",
             "Last iteration's budget B, depth d and width w, and the shape the draft ran",
@@ -69,6 +79,13 @@ class PrometheusSink:
         self.draft_rows.inc(rows)
         for name, value in (("draft_depth", depth), ("draft_width", width)):
             self.shape.labels(name).set(value)
+
+    def observe_calibration(self, raw, calibrated, observed) -> None:
+        for kind, value in (("predicted", raw), ("calibrated", calibrated), ("observed", observed)):
+            self.draft_accepted.labels(kind).inc(max(value, 0.0))
+
+    def observe_plain(self, num_requests) -> None:
+        self.plain.inc()
 
     def observe_early_exit(self, tested, exited) -> None:
         self.exited.inc(exited)

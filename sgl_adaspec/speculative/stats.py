@@ -48,6 +48,16 @@ class SpecStats:
     exit_tested_tokens: int = 0
     exited_tokens: int = 0
     exit_test_ms: float = 0.0
+    # Iterations run without speculation (the cost model found no tree worth its price).
+    plain_iterations: int = 0
+    # Accepted draft tokens per verify (bonus excluded): predicted by the raw path
+    # probabilities, by the calibrated ones, and observed; decayed sums (weight 0.98 per
+    # iteration), so the ratios describe the recent past, after warm-up.
+    predicted_raw: float = 0.0
+    predicted_calibrated: float = 0.0
+    observed_accepted: float = 0.0
+    # The last plan of a cost-aware policy: what it chose and the figures behind it.
+    last_plan: dict | None = None
     t_spec_ms: float | None = None
     baseline_tpot_ms: float | None = None
     cost_profile: dict | None = None
@@ -73,6 +83,21 @@ class SpecStats:
         self.last_draft_depth, self.last_draft_width = depth, width
         for sink in self.sinks:
             sink.observe_draft(depth, width, rows)
+
+    def observe_calibration(self, raw: float, calibrated: float, observed: float) -> None:
+        """One speculative iteration's predicted (raw, calibrated) and observed accepted draft
+        tokens, summed over its requests."""
+        decay = 0.98
+        self.predicted_raw = decay * self.predicted_raw + raw
+        self.predicted_calibrated = decay * self.predicted_calibrated + calibrated
+        self.observed_accepted = decay * self.observed_accepted + observed
+        for sink in self.sinks:
+            sink.observe_calibration(raw, calibrated, observed)
+
+    def observe_plain(self, num_requests: int) -> None:
+        self.plain_iterations += 1
+        for sink in self.sinks:
+            sink.observe_plain(num_requests)
 
     def observe_early_exit(self, tested: int, exited: int, test_ms: float) -> None:
         self.exit_tested_tokens += tested
@@ -125,8 +150,19 @@ class SpecStats:
                 if self.verified_tokens > self.request_iterations
                 else None
             ),
+            "plain_iterations": self.plain_iterations,
+            # predicted / observed accepted draft tokens; 1.0 = calibrated (None: no data yet).
+            "acceptance_predicted_over_observed": _ratio(self.predicted_raw, self.observed_accepted),
+            "acceptance_calibrated_over_observed": _ratio(
+                self.predicted_calibrated, self.observed_accepted
+            ),
+            "last_plan": self.last_plan,
             "t_spec_ms": self.t_spec_ms,
             "baseline_tpot_ms": self.baseline_tpot_ms,
             "cost_profile": self.cost_profile,
             "classes": {name: s.as_dict() for name, s in sorted(self.classes.items())},
         }
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None

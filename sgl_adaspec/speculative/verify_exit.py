@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_adaspec.speculative.iteration import current_iteration
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan, exiting_rows, worth_exiting
 
 logger = logging.getLogger(__name__)
@@ -138,11 +139,11 @@ def _exit_rows(model, run: ExitRun, hidden, positions, forward_batch):
     )
     for name in ("input_ids", "positions", "out_cache_loc"):
         setattr(forward_batch, name, getattr(forward_batch, name)[keep])
-    spec_info = forward_batch.spec_info
+    scope = current_iteration()
     survivors = run.row_node[keep]
     survivor_request = run.row_request[keep]
-    spec_info.adaspec_verify_nodes = [
-        survivors[survivor_request == b] for b in range(len(spec_info.adaspec_verify_nodes))
+    scope.verify_nodes = [
+        survivors[survivor_request == b] for b in range(len(scope.verify_nodes))
     ]
     hidden = residual_batch.import_replay_handoff(handoff, forward_batch)
     run.test_ms = 1000 * (time.perf_counter() - start)

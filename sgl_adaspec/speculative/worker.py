@@ -18,7 +18,6 @@ one entry per iteration) through SGLang's `customized_info`.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import math
 import time
@@ -36,7 +35,14 @@ from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
 from sgl_adaspec.speculative.policies import build_policy
-from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase
+from sgl_adaspec.speculative.policies.base import (
+    Decision,
+    IterationInput,
+    Outcome,
+    PolicyBase,
+    make_outcome,
+)
+from sgl_adaspec.speculative.iteration import Iteration, _ITERATION, iteration_scope
 from sgl_adaspec.speculative.tiered_draft import run_draft, runs_tiers
 from sgl_adaspec.speculative.verify_exit import (
     ExitRun,
@@ -49,35 +55,6 @@ from sgl_adaspec.speculative.verify_exit import (
 logger = logging.getLogger(__name__)
 
 VERIFIED_TOKENS_KEY = "adaspec_verified_tokens"
-
-
-@dataclass
-class Iteration:
-    """What one speculative iteration learns before verification.
-    path_prob [bs, ntok-1]: f of SGLang's candidate nodes, in its node order (root excluded);
-    negative for padding nodes of a draft tier (`draft_tiers`).
-    draft_shape: the (depth, width) the policy asked the draft for; draft_ran: the shape the
-    draft actually ran (the configured one where tiers are not supported)."""
-
-    path_prob: torch.Tensor | None = None
-    draft_shape: tuple[int, int] | None = None
-    draft_ran: tuple[int, int] | None = None
-
-
-_ITERATION: contextvars.ContextVar[Iteration | None] = contextvars.ContextVar(
-    "adaspec_iteration", default=None
-)
-
-
-@contextlib.contextmanager
-def iteration_scope():
-    if _ITERATION.get() is not None:
-        raise RuntimeError("speculative iterations do not nest")
-    token = _ITERATION.set(Iteration())
-    try:
-        yield _ITERATION.get()
-    finally:
-        _ITERATION.reset(token)
 
 
 @dataclass
@@ -103,35 +80,50 @@ class RequestState:
         return 1000 * (now_s - self.decode_start_s) / decoded if decoded > 0 else None
 
 
-def _policy_of(worker) -> PolicyBase | None:
-    """The worker's policy, built on first use (at worker start-up, see `worker_started`)."""
-    if hasattr(worker, "_adaspec_policy"):
-        return worker._adaspec_policy
-    config = AdaspecConfig.from_env()
-    policy, profile = None, None
-    if config.spec_policy != "static":
-        # Every policy gets the verify cost profile: it seeds the latency model they plan with,
-        # and adaserve takes its budget at the profile's knee unless --adaserve-budget is set.
-        profile = profile_verify_cost(worker)
-        budget = knee_budget(profile) if profile is not None else None
-        policy = build_policy(config, budget)
-        if profile is not None:
-            # The dummy verify forward runs at a short context; seed with context 0.
-            policy.verify_latency.seed(
-                [((tokens, 0), ms) for tokens, ms in zip(profile.tokens, profile.latency_ms)]
-            )
-        policy.stats.cost_profile = profile.as_dict() if profile is not None else None
-        if metrics_enabled():
-            policy.stats.sinks.append(PrometheusSink())
-        logger.info(
-            "sgl_adaspec: %s policy: %s; verify cost profile %s",
-            config.spec_policy,
-            getattr(policy, "config", policy),
-            policy.stats.cost_profile or "not available",
+@dataclass(frozen=True)
+class Runtime:
+    """The plugin's state in one scheduler process, built once when the scheduler starts
+    (`scheduler_started`): the parsed flags, the policy (None for `static` or without an EAGLE
+    v2 worker), the verify cost profile it was seeded with, and whether draft tiers run."""
+
+    config: AdaspecConfig
+    policy: PolicyBase | None = None
+    cost_profile: VerifyCostProfile | None = None
+    draft_tiers: bool = False
+
+
+_RUNTIME: Runtime | None = None
+
+
+def runtime() -> Runtime | None:
+    """This process's runtime, or None before the scheduler started (or outside one)."""
+    return _RUNTIME
+
+
+def build_runtime(config: AdaspecConfig, draft_worker) -> Runtime:
+    """The policy, seeded with the verify cost profile measured on `draft_worker`'s target."""
+    if config.spec_policy == "static" or draft_worker is None:
+        return Runtime(config)
+    # Every policy gets the verify cost profile: it seeds the latency model they plan with,
+    # and adaserve's knee rule takes its budget there unless --adaserve-budget is set.
+    profile = profile_verify_cost(draft_worker)
+    budget = knee_budget(profile) if profile is not None else None
+    policy = build_policy(config, budget)
+    if profile is not None:
+        # The dummy verify forward runs at a short context; seed with context 0.
+        policy.verify_latency.seed(
+            [((tokens, 0), ms) for tokens, ms in zip(profile.tokens, profile.latency_ms)]
         )
-    worker._adaspec_draft_tiers = config.draft_tiers == "on"
-    worker._adaspec_policy = policy
-    return policy
+    policy.stats.cost_profile = profile.as_dict() if profile is not None else None
+    if metrics_enabled():
+        policy.stats.sinks.append(PrometheusSink())
+    logger.info(
+        "sgl_adaspec: %s policy: %s; verify cost profile %s",
+        config.spec_policy,
+        getattr(policy, "config", policy),
+        policy.stats.cost_profile or "not available",
+    )
+    return Runtime(config, policy, profile, config.draft_tiers == "on")
 
 
 def profile_verify_cost(worker, repeats: int = 3) -> VerifyCostProfile | None:
@@ -164,34 +156,95 @@ def profile_verify_cost(worker, repeats: int = 3) -> VerifyCostProfile | None:
 
 
 def scheduler_started(_result, scheduler, *args, **kwargs) -> None:
-    """AFTER `Scheduler.__init__`: build the policy (and run the cost profile) before serving,
-    once the target's model runner is complete."""
+    """AFTER `Scheduler.__init__`, the plugin's one hook there: read the flags once and build
+    the runtime (policy, cost profile) before serving, once the target's model runner is
+    complete."""
+    global _RUNTIME
+    config = AdaspecConfig.from_env()
+    logger.info("sgl_adaspec: scheduler uses spec policy %s (%s)", config.spec_policy, config)
     draft_worker = getattr(scheduler, "draft_worker", None)
-    if draft_worker is not None and hasattr(draft_worker, "target_worker"):
-        _policy_of(draft_worker)
+    if draft_worker is None or not hasattr(draft_worker, "target_worker"):
+        draft_worker = None
+    _RUNTIME = build_runtime(config, draft_worker)
+
+
+def _policy() -> PolicyBase | None:
+    return _RUNTIME.policy if _RUNTIME is not None else None
 
 
 # --- hooks -------------------------------------------------------------------------------------
 
 
 def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs):
-    """AROUND `EAGLEWorkerV2.forward_batch_generation`: one iteration scope, timed."""
-    policy = _policy_of(worker)
+    """AROUND `EAGLEWorkerV2.forward_batch_generation`: one iteration scope, timed, and the
+    policy's one `observe` of its outcome. A draft depth of 0 runs the iteration as a plain
+    decode through SGLang's own steps-0 path (`plain_decode`)."""
+    policy = _policy()
     if policy is None or batch.forward_mode.is_extend() or batch.is_extend_in_batch:
         return original(worker, batch, *args, **kwargs)
+    if batch.forward_mode.is_idle():
+        with iteration_scope():
+            return original(worker, batch, *args, **kwargs)
+    num_requests = len(batch.reqs)
     start = time.perf_counter()
     with iteration_scope() as scope:
-        if worker._adaspec_draft_tiers and not batch.forward_mode.is_idle():
-            scope.draft_shape = policy.draft_shape(
-                len(batch.reqs), worker.speculative_num_steps, worker.topk
-            )
-        result = original(worker, batch, *args, **kwargs)
-    if not batch.forward_mode.is_idle():
-        # No record when SGLang replayed its draft graph instead of calling draft_forward.
-        depth, width = scope.draft_ran or (worker.speculative_num_steps, worker.topk)
-        policy.observe_iteration(1000 * (time.perf_counter() - start), depth)
-        policy.stats.observe_draft(depth, width, (depth - 1) * len(batch.reqs) * width)
+        scope.draft_shape = policy.draft_shape(
+            num_requests, worker.speculative_num_steps, worker.topk
+        )
+        scope.plain = scope.draft_shape[0] == 0
+        if scope.plain:
+            with plain_decode(worker):
+                verify_start = time.perf_counter()
+                result = original(worker, batch, *args, **kwargs)
+                scope.verify_ms = 1000 * (time.perf_counter() - verify_start)
+                scope.accepted = result.accept_lens
+        else:
+            if not _RUNTIME.draft_tiers:
+                scope.draft_shape = None
+            result = original(worker, batch, *args, **kwargs)
+    iteration_ms = 1000 * (time.perf_counter() - start)
+    if scope.plain:
+        policy.stats.observe_plain(num_requests)
+    elif scope.draft_ran is not None:
+        depth, width = scope.draft_ran
+        policy.stats.observe_draft(depth, width, (depth - 1) * num_requests * width)
+    if scope.verify_ms is not None:
+        policy.observe(_outcome(batch, scope, iteration_ms))
     return result
+
+
+@contextlib.contextmanager
+def plain_decode(worker):
+    """SGLang 0.5.23's steps-0 iteration: a one-node verify of each request's bonus token (a
+    plain decode through the verify graph) and, with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND,
+    no draft extend after it. The next speculative iteration then drafts from a cold state
+    (zeroed top-k and hidden state; its path probabilities are 0, so nothing of it is
+    verified) and the draft's KV cache lacks the skipped positions; both cost acceptance, not
+    correctness: the target still verifies every token."""
+    from sglang.srt.environ import envs
+
+    saved = (worker.speculative_num_steps, worker.speculative_num_draft_tokens)
+    worker.speculative_num_steps, worker.speculative_num_draft_tokens = 0, 1
+    try:
+        with envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.override(True):
+            yield
+    finally:
+        worker.speculative_num_steps, worker.speculative_num_draft_tokens = saved
+
+
+def _outcome(batch, scope: Iteration, iteration_ms: float) -> Outcome:
+    reqs = batch.reqs
+    context_tokens = sum(len(req.origin_input_ids) + len(req.output_ids) for req in reqs)
+    return make_outcome(
+        scope.policy_input,
+        scope.decision,
+        rids=tuple(req.rid for req in reqs),
+        context_tokens=context_tokens,
+        accepted=None if scope.accepted is None else scope.accepted.detach().cpu().long(),
+        verify_ms=scope.verify_ms,
+        iteration_ms=iteration_ms,
+        early_exit=scope.early_exit_counts,
+    )
 
 
 def draft_forward(original: Callable, draft_worker, forward_batch):
@@ -218,12 +271,14 @@ def organize_draft_results(original: Callable, score_list, token_list, parents_l
 
 
 def verify(original: Callable, worker, batch, *args, **kwargs):
-    """AROUND `EAGLEWorkerV2.verify`: decide, prune the tree, verify, report."""
-    policy = _policy_of(worker)
+    """AROUND `EAGLEWorkerV2.verify`: decide, prune the tree, verify; the outcome goes to the
+    iteration scope (observed once by `forward_batch_generation`)."""
+    policy = _policy()
     scope = _ITERATION.get()
     if (
         policy is None
         or scope is None
+        or scope.plain
         or scope.path_prob is None
         or batch.forward_mode.is_idle()
     ):
@@ -231,7 +286,7 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     verify_input = batch.spec_info
     # The draft tree's parent links, walked once: the candidates, the pruning and the early
     # exit all read them (pruning only unlinks nodes, so kept nodes keep these parents).
-    verify_input.adaspec_parents = tree_parents(verify_input)
+    scope.parents = tree_parents(verify_input)
     try:
         it = iteration_input(worker, batch, policy, scope)
         decision = policy.decide(it)
@@ -247,28 +302,16 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         device=it.cands.tokens.device,
     )
     keep[:, 1:] = selection.mask
-    prune_tree(verify_input, keep, verify_input.adaspec_parents)
-    verify_input.adaspec_keep = keep
-    verify_input.adaspec_early_exit = decision.early_exit
-    verify_input.adaspec_exit_counts = None
+    prune_tree(verify_input, keep, scope.parents)
+    scope.policy_input, scope.decision, scope.keep = it, decision, keep
     start = time.perf_counter()
     result = original(worker, batch, *args, **kwargs)
-    if verify_input.adaspec_exit_counts is not None:
-        policy.observe_early_exit(*verify_input.adaspec_exit_counts)
-    verified = selection.counts + 1  # [B] roots included
-    policy.observe_verify(
-        1000 * (time.perf_counter() - start), int(verified.sum()), int(it.context_lens.sum())
-    )
-    if result.accept_lens is not None:
-        accepted = result.accept_lens.detach().cpu().long()
-        policy.observe_outcome(it.rids, verified, accepted)
-        policy.stats.observe_iteration(
-            verified.tolist(), accepted.tolist(), decision.budget, decision.depth, decision.width
-        )
+    scope.verify_ms = 1000 * (time.perf_counter() - start)
+    scope.accepted = result.accept_lens
     logits_output = result.logits_output
     if logits_output is not None:
         info = logits_output.customized_info or {}
-        info[VERIFIED_TOKENS_KEY] = verified.tolist()
+        info[VERIFIED_TOKENS_KEY] = (selection.counts + 1).tolist()
         logits_output.customized_info = info
     return result
 
@@ -277,7 +320,7 @@ def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> Iter
     """What the policy sees of this iteration (see `IterationInput`)."""
     reqs = batch.reqs
     spec_info = batch.spec_info
-    cands = candidates_from_verify_input(spec_info, scope.path_prob, spec_info.adaspec_parents)
+    cands = candidates_from_verify_input(spec_info, scope.path_prob, scope.parents)
     depth, width = scope.draft_ran or (worker.speculative_num_steps, worker.topk)
     slo = slo_batch(reqs, policy, policy.baseline_tpot_ms())
     return IterationInput(
@@ -300,48 +343,48 @@ def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> Iter
 def target_forward(original: Callable, worker, batch=None, forward_batch=None, *args, **kwargs):
     """AROUND `TpModelWorker.forward_batch_generation`: ragged verify of the kept nodes, with
     the policy's early exit (`verify_exit`) where it asked for one and the model supports it."""
-    spec_info = getattr(forward_batch, "spec_info", None)
-    keep = getattr(spec_info, "adaspec_keep", None)
+    scope = _ITERATION.get()
+    keep = scope.keep if scope is not None else None
     if not kwargs.get("is_verify", False) or keep is None:
         return original(worker, batch, forward_batch, *args, **kwargs)
+    spec_info = forward_batch.spec_info
     if not _backend_runs_ragged_verify(worker):
-        if getattr(spec_info, "adaspec_early_exit", None) is not None:
+        if scope.decision.early_exit is not None:
             _warn_once(
                 "sgl_adaspec: faser early exit runs on the plugin's torch attention backend "
                 "(the CPU recipe) only; verifying in full"
             )
         return original(worker, batch, forward_batch, *args, **kwargs)
-    run = _exit_run(worker, forward_batch, keep)
+    run = _exit_run(worker, forward_batch, scope)
     if run is None and bool(keep.all()):
         return original(worker, batch, forward_batch, *args, **kwargs)
     rows = keep.reshape(-1).nonzero().squeeze(1)  # [kept] rows of the [bs * ntok] layout
     full = {name: getattr(forward_batch, name) for name in ("input_ids", "positions", "out_cache_loc")}
     for name, value in full.items():
         setattr(forward_batch, name, value[rows])
-    spec_info.adaspec_verify_nodes = [row.nonzero().squeeze(1) for row in keep]
+    scope.verify_nodes = [row.nonzero().squeeze(1) for row in keep]
     try:
         with exit_run(run):
             result = original(worker, batch, forward_batch, *args, **kwargs)
     finally:
         for name, value in full.items():
             setattr(forward_batch, name, value)
-        spec_info.adaspec_verify_nodes = None
+        scope.verify_nodes = None
     if run is not None and run.exited is not None:
-        spec_info.adaspec_exit_counts = (run.tested, int(run.exited.sum()), run.test_ms)
+        scope.early_exit_counts = (run.tested, int(run.exited.sum()), run.test_ms)
         if bool(run.exited.any()):
             # Exited nodes leave the tree: acceptance stops at their parents (lossless).
             rows = rows[~run.exited]
             keep = torch.zeros_like(keep).view(-1).index_fill_(0, rows, True).view(keep.shape)
-            prune_tree(spec_info, keep, spec_info.adaspec_parents)
+            prune_tree(spec_info, keep, scope.parents)
     _scatter_rows(result.logits_output, rows, keep.numel())
     return result
 
 
-def _exit_run(worker, forward_batch, keep: torch.Tensor) -> ExitRun | None:
+def _exit_run(worker, forward_batch, scope: Iteration) -> ExitRun | None:
     """The early exit of this verify pass, or None (not asked for, not worth it by eq. 10, or
     a setup the hook cannot split: logged once)."""
-    spec_info = forward_batch.spec_info
-    plan = getattr(spec_info, "adaspec_early_exit", None)
+    plan = scope.decision.early_exit
     if plan is None:
         return None
     causal_lm = worker.model_runner.model
@@ -353,16 +396,17 @@ def _exit_run(worker, forward_batch, keep: torch.Tensor) -> ExitRun | None:
         )
         return None
     try:
-        return _build_exit_run(spec_info, causal_lm, model, plan, keep, forward_batch)
+        return _build_exit_run(scope, causal_lm, model, plan, forward_batch)
     except Exception:  # the exit is an optimisation: never fail a verify pass for it
         logger.exception("sgl_adaspec: early-exit set-up failed; verifying in full")
         return None
 
 
-def _build_exit_run(spec_info, causal_lm, model, plan, keep, forward_batch) -> ExitRun | None:
+def _build_exit_run(scope: Iteration, causal_lm, model, plan, forward_batch) -> ExitRun | None:
     """The packed rows' tokens and tree links (see `ExitRun`), if eq. 10 says to test."""
+    keep = scope.keep
     bs, ntok = keep.shape
-    parents = spec_info.adaspec_parents  # [bs, ntok]; kept nodes' parents are kept too
+    parents = scope.parents  # [bs, ntok]; kept nodes' parents are kept too
     flat_keep = keep.cpu().reshape(-1)
     rows = flat_keep.nonzero().squeeze(1)
     row_of = torch.full((bs * ntok,), -1, dtype=torch.long)
@@ -376,7 +420,7 @@ def _build_exit_run(spec_info, causal_lm, model, plan, keep, forward_batch) -> E
     return ExitRun(
         plan=plan,
         head_weight=causal_lm.lm_head.weight[: model.vocab_size],
-        row_token=spec_info.draft_token.reshape(-1)[rows.to(device)].long(),
+        row_token=forward_batch.spec_info.draft_token.reshape(-1)[rows.to(device)].long(),
         row_parent=row_parent.to(device),
         row_request=request[rows].to(device),
         row_node=(rows % ntok).to(device),
@@ -496,9 +540,9 @@ def request_finished(_result, req, *args, **kwargs) -> None:
 def add_internal_state(_result, controller, state: dict) -> None:
     """AFTER `SchedulerInternalStateController._add_speculative`: `/server_info` shows the
     policy's state under internal_states[i]["adaspec"]."""
-    draft_worker = getattr(controller.scheduler, "draft_worker", None)
-    policy = getattr(draft_worker, "_adaspec_policy", None)
-    config = AdaspecConfig.from_env()
+    state_of = runtime()
+    policy = _policy()
+    config = state_of.config if state_of is not None else AdaspecConfig.from_env()
     pool_stats = controller.scheduler.pool_stats_observer.get_pool_stats()
     state["adaspec"] = {
         "spec_policy": config.spec_policy,

@@ -19,7 +19,7 @@ def eagle_server(models, tmp_path_factory):
     """tiny-llama with its EAGLE draft (steps 3, topk 2, 6 tokens) and --spec-policy adaserve."""
     server = start(
         tmp_path_factory, "eagle", models.target, *eagle_flags(models.eagle_draft),
-        "--spec-policy", "adaserve",
+        "--spec-policy", "adaserve", "--adaserve-budget-rule", "knee",
     )  # fmt: skip
     yield server
     server.stop()

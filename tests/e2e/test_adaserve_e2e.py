@@ -29,7 +29,8 @@ def adaserve_outputs(models, tmp_path_factory):
     """Both requests sent concurrently to a server with budget 8 (2 roots + 6 draft nodes)."""
     flags = (
         *eagle_flags(models.eagle_draft, steps=3, topk=4, num_draft_tokens=8),
-        "--spec-policy", "adaserve", "--adaserve-budget", "8", "--enable-metrics",
+        "--spec-policy", "adaserve", "--adaserve-budget-rule", "knee", "--adaserve-budget", "8",
+        "--enable-metrics",
     )  # fmt: skip
     server = start(tmp_path_factory, "adaserve", models.target, *flags)
     try:

@@ -32,7 +32,7 @@ def generate(url: str, prompt: str, custom_params: dict | None = None, temperatu
 def serve(tmp_path_factory, target, draft, *extra) -> tuple[list[list[int]], dict]:
     flags = (
         *eagle_flags(draft, steps=STEPS, topk=TOPK, num_draft_tokens=8),
-        "--spec-policy", "adaserve", *TIER_FLAGS, *extra,
+        "--spec-policy", "adaserve", "--adaserve-budget-rule", "knee", *TIER_FLAGS, *extra,
     )  # fmt: skip
     server = start(tmp_path_factory, "tiers" + "-".join(extra), target, *flags)
     try:

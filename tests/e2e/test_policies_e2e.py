@@ -124,3 +124,30 @@ def test_faser_early_exit_is_lossless_and_prunes_rows(models, tmp_path_factory, 
     assert outputs == random_pair_reference
     stats = state["stats"]
     assert 0 < stats["exited_tokens"] < stats["exit_tested_tokens"]
+
+
+def test_adaserve_stands_down_where_speculation_does_not_pay(
+    models, tmp_path_factory, random_pair_reference
+):
+    # The random draft is almost never right: with the cost rule (the default) adaserve finds
+    # no tree worth its price and runs plain iterations (SGLang's steps-0 path), probing
+    # speculation now and then; outputs stay token-identical across the switches.
+    outputs, state = run_policy(tmp_path_factory, models.target, models.eagle_draft, ("adaserve",))
+    assert outputs == random_pair_reference
+    stats = state["stats"]
+    assert stats["plain_iterations"] > stats["iterations"]
+    assert stats["last_plan"]["speculate"] is False
+    assert stats["last_plan"]["plain_tokens_per_ms"] >= stats["last_plan"]["tokens_per_ms"]
+
+
+def test_adaserve_speculates_where_the_draft_is_right(
+    models, tmp_path_factory, bigram_pair_reference
+):
+    # The bigram draft is always right: the cost rule keeps speculating and commits drafts.
+    outputs, state = run_policy(
+        tmp_path_factory, models.bigram_target, models.bigram_eagle_draft, ("adaserve",)
+    )
+    assert outputs == bigram_pair_reference
+    stats = state["stats"]
+    assert stats["accepted_tokens_per_verify"] > 1.5
+    assert stats["iterations"] > stats["plain_iterations"]

@@ -12,6 +12,8 @@ from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.request_slo import RequestSlo
 from sgl_adaspec.scheduler.sglang_adapter import bound_prefill
 from sgl_adaspec.speculative.stats import SpecStats
+from sgl_adaspec.scheduler.cost_model import VerifyCostProfile
+from sgl_adaspec.speculative import worker
 from sgl_adaspec.speculative.worker import RequestState
 
 PROFILE = {"tokens": [8, 64], "latency_ms": [10.0, 38.0]}  # 0.5 ms per extra token
@@ -36,7 +38,11 @@ def adder_args(reqs, rem_input=16384, rem_chunk=4096):
 
 @pytest.fixture(autouse=True)
 def adaserve_config(monkeypatch):
-    monkeypatch.setenv("ADASPEC_CONFIG", AdaspecConfig(spec_policy="adaserve").to_json())
+    config = AdaspecConfig(spec_policy="adaserve")
+    monkeypatch.setenv("ADASPEC_CONFIG", config.to_json())
+    # The scheduler's runtime holds the start-up verify cost profile.
+    profile = VerifyCostProfile(tuple(PROFILE["tokens"]), tuple(PROFILE["latency_ms"]))
+    monkeypatch.setattr(worker, "_RUNTIME", worker.Runtime(config, cost_profile=profile))
 
 
 def test_request_behind_its_slo_caps_the_prefill():

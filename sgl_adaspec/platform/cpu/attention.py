@@ -23,6 +23,8 @@ from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+from sgl_adaspec.speculative.iteration import current_iteration
+
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -96,7 +98,8 @@ class TorchTreeAttnBackend(TorchNativeAttnBackend):
         out = q.new_empty((q_.shape[0], layer.tp_q_head_num, layer.v_head_dim))
         tree = self._tree_masks(spec_info.custom_mask, seq_lens, ntok)
         # Ragged verify (speculative/worker.py): request b verifies only nodes[b], packed.
-        nodes = getattr(spec_info, "adaspec_verify_nodes", None)
+        scope = current_iteration()
+        nodes = scope.verify_nodes if scope is not None else None
         start = 0
         for b, prefix_len in enumerate(seq_lens):
             count = ntok if nodes is None else int(nodes[b].numel())

@@ -82,6 +82,9 @@ def build_policy(config, budget: int | None = None):
         from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
         from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
 
+        rule = config.adaserve_budget_rule
+        # The knee rule takes the profile's knee; the cost rule sizes B itself (a flag caps it).
+        budget = budget if rule == "knee" else None
         budget = budget if config.adaserve_budget is None else config.adaserve_budget
         # B1 is the verifier's tokens per step: the verify budget unless set on its own.
         verify_tokens = config.adaserve_verify_tokens_per_step or budget
@@ -92,6 +95,7 @@ def build_policy(config, budget: int | None = None):
             AdaserveConfig(
                 budget=budget,
                 max_nodes_per_request=config.adaserve_max_nodes_per_request,
+                budget_rule=rule,
                 tree=tree,
                 **common,
             )

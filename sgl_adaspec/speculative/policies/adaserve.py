@@ -2,7 +2,18 @@
 
 Pure (tensors and dataclasses, no SGLang): the SGLang adapter (`speculative/worker.py`) hands it
 the candidate trees SGLang's EAGLE draft built and the batch's SLO state, and gets a selection.
-State kept across iterations: the smoothed iteration latency t_spec, which A(r) needs.
+State kept across iterations: the smoothed iteration latency t_spec, which A(r) needs, and what
+the cost model learned (`cost_rule`).
+
+Two budget rules (`AdaserveConfig.budget_rule`):
+- "cost" (the default): speculation is sized by what it returns on this hardware and draft.
+  Before the draft runs, `draft_shape` compares the batch's expected tokens per ms with a plain
+  decode (`cost_rule.plan_depth`) and returns depth 0 -- no speculation -- when no tree pays;
+  after it, the verify budget B is the prefix of the batch-wide ranking (calibrated f) that
+  maximizes expected committed tokens per ms of the iteration (`cost_rule.cost_budget`);
+  AdaServe's SLO-customized phase then spends B first, most urgent request first.
+- "knee": the paper's rules, kept for comparison: B at the knee of the start-up verify
+  profile (or --adaserve-budget), (d, w) from eq. 8-9.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import torch
 from sgl_adaspec.scheduler.slo import SloBatch, required_tokens
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, tree_shape
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.cost_rule import GainCurve, cost_budget, plan_depth
 from sgl_adaspec.speculative.policies.base import (
     Decision,
     IterationInput,
@@ -33,6 +45,12 @@ class AdaserveConfig:
     budget: int | None = None
     max_nodes_per_request: int | None = None
     latency_smoothing: float = 0.3
+    # "cost": B, d and speculation itself from the cost model (budget, if set, caps B);
+    # "knee": B = budget (the start-up profile's knee), (d, w) from eq. 8-9.
+    budget_rule: str = "cost"
+    # Iterations run without speculation between two probes of it (doubling, up to 16x, while
+    # probes keep finding that it does not pay).
+    probe_interval: int = 16
     tree: AdaptiveTreeConfig = field(default_factory=AdaptiveTreeConfig)
     # TPOT without speculation, for SLO classes relative to it; None: estimated online as the
     # smoothed latency of the target's verify pass (one target forward, like a plain decode step).
@@ -44,6 +62,16 @@ class AdaserveConfig:
         if self.max_nodes_per_request is not None and self.max_nodes_per_request < 0:
             raise ValueError(f"max_nodes_per_request must be >= 0, got {self.max_nodes_per_request}")
         check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
+        if self.budget_rule not in BUDGET_RULES:
+            raise ValueError(
+                f"adaserve budget_rule must be one of {', '.join(BUDGET_RULES)}, got "
+                f"{self.budget_rule!r}"
+            )
+        if self.probe_interval < 1:
+            raise ValueError(f"adaserve probe_interval must be >= 1, got {self.probe_interval}")
+
+
+BUDGET_RULES = ("cost", "knee")
 
 
 @dataclass(frozen=True)
@@ -58,18 +86,71 @@ class Plan:
 @dataclass
 class AdaservePolicy(PolicyBase):
     config: AdaserveConfig = field(default_factory=AdaserveConfig)
+    # Expected accepted draft tokens of a request's k best nodes (calibrated), learned.
+    gain: GainCurve = field(default_factory=GainCurve)
+    _context_tokens: int = field(default=0, repr=False)
+    _plain_run: int = field(default=0, repr=False)  # plain iterations since the last probe
+    _probe_every: int = field(default=0, repr=False)
+    _probe_left: int = field(default=0, repr=False)  # speculative iterations the probe still runs
+    _cold: bool = field(default=False, repr=False)  # this draft follows a plain iteration
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
         self.baseline_tpot_ms_config = self.config.baseline_tpot_ms
+        self._probe_every = self.config.probe_interval
         super().__post_init__()
 
     def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
-        """Eq. 8-9: the load-adaptive (d, w), so the draft's own work shrinks under load."""
+        """(d, w) of this iteration's draft. Eq. 8-9's load-adaptive shape, so the draft's own
+        work shrinks under load; with the cost rule, d is the depth that maximizes expected
+        tokens per ms, or 0 (no speculation) when a plain decode does better. While not
+        speculating, every `probe_interval` iterations it speculates twice (the first draft
+        is cold after plain iterations) to re-measure what speculation returns."""
         depth, width = tree_shape(num_requests, self.config.tree)
-        return min(depth, steps), min(width, topk)
+        depth, width = min(depth, steps), min(width, topk)
+        if self.config.budget_rule == "knee":
+            return depth, width
+        was_plain = self._plain_run > 0 or self._probe_left > 0
+        planned = self._cost_depth(num_requests, depth, width)
+        if planned is not None and planned.depth == 0:
+            if self._probe_left == 0 and self._plain_run < self._probe_every:
+                self._plain_run += 1
+                self.stats.last_plan = planned.as_dict()
+                return 0, width
+            if self._probe_left == 0:  # a probe: a cold draft, then a measured one
+                self._probe_left, self._plain_run = 2, 0
+                self._probe_every = min(2 * self._probe_every, 16 * self.config.probe_interval)
+        elif planned is not None:
+            depth = max(1, min(depth, planned.depth))
+            if self._probe_left == 0:
+                self._probe_every = self.config.probe_interval
+        self._cold = was_plain and self._probe_left == 2
+        if self._probe_left > 0:
+            self._probe_left -= 1
+            if self._cold:
+                depth = 1
+        self._plain_run = 0
+        if planned is not None:
+            self.stats.last_plan = {**planned.as_dict(), "depth": depth}
+        return depth, width
 
-    def plan(self, cands: Candidates) -> Plan:
+    def _cost_depth(self, num_requests: int, max_depth: int, width: int):
+        """The cost model's plan for the next draft (None until it has measurements)."""
+        verify = self.verify_latency
+        if verify.num_observations < 2 or not self.gain.known:
+            return None
+        return plan_depth(
+            num_requests=num_requests,
+            context_tokens=self._context_tokens,
+            max_depth=max_depth,
+            width=width,
+            gain=self.gain,
+            verify_ms=verify.predict_tensor,
+            draft_ms=self.draft_latency.predict_tensor,
+            plain_overhead_ms=self.plain_overhead_ms or 0.0,
+        )
+
+    def plan(self, cands: Candidates, context_tokens: int = 0) -> Plan:
         depth, width = tree_shape(cands.num_requests, self.config.tree)
         budget = self.config.budget
         if budget is None:
@@ -77,12 +158,27 @@ class AdaservePolicy(PolicyBase):
         return Plan(depth, width, budget)
 
     def select(
-        self, cands: Candidates, slo: SloBatch
+        self, cands: Candidates, slo: SloBatch, draft_steps: int | None = None,
+        context_tokens: int = 0,
     ) -> tuple[Selection, torch.Tensor, Plan]:
         """Returns the selection, A(r) [B] it was computed for (0 for requests served best
         effort, see `infeasible`), and the plan it followed."""
         plan = self.plan(cands)
+        if self.config.budget_rule == "cost":
+            # The draft already ran at its own shape: select within it.
+            depth = draft_steps if draft_steps is not None else int(cands.max_depth.max())
+            plan = Plan(depth, plan.width, plan.budget)
         shaped = restrict_to_shape(cands, plan.depth, plan.width)
+        if self.config.budget_rule == "cost":
+            calibrated = self.acceptance.apply(shaped.path_prob)
+            if not self._cold:
+                self.gain.observe(calibrated, shaped.valid)
+            sunk_ms = self.draft_latency.predict((plan.depth,)) or 0.0
+            budget = cost_budget(
+                calibrated, shaped.valid, sunk_ms, context_tokens, self.verify_latency.predict_tensor
+            )
+            if budget is not None:
+                plan = Plan(plan.depth, plan.width, min(budget, plan.budget))
         required = required_tokens(slo, self.t_spec_ms or 0.0)
         required = torch.where(self.infeasible(slo, plan), 0.0, required)
         n_max = self.config.max_nodes_per_request
@@ -92,7 +188,9 @@ class AdaservePolicy(PolicyBase):
         return selection, required, plan
 
     def decide(self, it: IterationInput) -> Decision:
-        selection, _required, plan = self.select(it.cands, it.slo)
+        context = int(it.context_lens.sum())
+        self._context_tokens = context
+        selection, _required, plan = self.select(it.cands, it.slo, it.draft_steps, context)
         return Decision(
             selection, plan.depth, plan.width, plan.budget, self.infeasible(it.slo, plan)
         )

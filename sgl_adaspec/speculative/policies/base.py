@@ -6,10 +6,14 @@ One speculative iteration, as the adapter drives it:
    and `--speculative-eagle-topk`; see `draft_tiers`);
 2. `policy.decide(IterationInput)` -> `Decision`: which candidates each request verifies
    (a `Selection`, closed under parent) and the shape it followed, for the metrics;
-3. the target verifies the selected nodes; the adapter reports back with `observe_verify`
-   (verify-pass latency and its size), `observe_outcome` (what each request verified and
-   accepted) and `observe_iteration` (wall time of the whole iteration, draft included);
+3. the target verifies the selected nodes; the adapter reports back once, `observe(Outcome)`:
+   what each request verified and accepted, the verify pass's and the whole iteration's wall
+   time, the draft shape that ran. The server's adapter and the simulator build the outcome
+   with the same `make_outcome`, so a policy learns the same way in both;
 4. a finished request is `forget`-ed so per-request state never outlives it.
+
+An iteration may run without speculation (`draft_shape` returned depth 0): the policy is then
+not asked to decide, and the outcome says so (draft_steps 0, every request verified 1 token).
 
 Policies are pure (tensors and dataclasses, no SGLang) and keep their own state across
 iterations. `PolicyBase` holds what all share: smoothed latencies, the baseline TPOT, the
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan
 from sgl_adaspec.speculative.latency import LinearLatency
@@ -80,6 +85,77 @@ class Decision:
     early_exit: EarlyExitPlan | None = None
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What one iteration returned (B running requests), reported once to `PolicyBase.observe`.
+    - rids [B]; verified [B] int64: tokens each request verified, root included;
+    - accepted [B] int64: tokens each request committed, bonus included (SGLang's accept
+      length), or None when the verify pass reported none;
+    - predicted [B] float64: accepted tokens the draft's raw path probabilities promised for
+      the verified nodes (1 + sum of f), the calibration's input; None without speculation;
+    - verify_ms: the verify pass; iteration_ms: the whole iteration (draft, verify, draft extend);
+    - context_tokens: KV tokens of the batch (sum of context lengths);
+    - draft_steps / draft_width: the draft shape that ran (0 steps: no speculation);
+    - budget / depth / width: what the decision applied, for the statistics;
+    - early_exit: (tested, exited, test_ms) of the verify pass's early exit, or None."""
+
+    rids: tuple[str, ...]
+    verified: torch.Tensor
+    accepted: torch.Tensor | None
+    predicted: torch.Tensor | None
+    verify_ms: float
+    iteration_ms: float
+    context_tokens: int
+    draft_steps: int
+    draft_width: int
+    budget: int
+    depth: int
+    width: int
+    early_exit: tuple[int, int, float] | None = None
+
+    @property
+    def speculated(self) -> bool:
+        return self.draft_steps > 0
+
+
+def make_outcome(
+    it: IterationInput | None,
+    decision: Decision | None,
+    *,
+    rids: tuple[str, ...],
+    context_tokens: int,
+    accepted: torch.Tensor | None,
+    verify_ms: float,
+    iteration_ms: float,
+    early_exit: tuple[int, int, float] | None = None,
+) -> Outcome:
+    """The outcome of an iteration that ran `decision` on `it` (both None: no speculation)."""
+    if decision is None or it is None:
+        ones = torch.ones(len(rids), dtype=torch.long)
+        return Outcome(
+            rids, ones, accepted, None, verify_ms, iteration_ms, context_tokens, 0, 0,
+            len(rids), 0, 0,
+        )  # fmt: skip
+    selection = decision.selection
+    f = torch.where(selection.mask, it.cands.path_prob.to(selection.mask.device), 0.0)
+    predicted = 1.0 + f.double().sum(dim=1).cpu()  # [B]
+    return Outcome(
+        rids=rids,
+        verified=(selection.counts + 1).cpu().long(),
+        accepted=None if accepted is None else accepted.detach().cpu().long(),
+        predicted=predicted,
+        verify_ms=verify_ms,
+        iteration_ms=iteration_ms,
+        context_tokens=context_tokens,
+        draft_steps=it.draft_steps,
+        draft_width=it.draft_topk,
+        budget=decision.budget,
+        depth=decision.depth,
+        width=decision.width,
+        early_exit=early_exit,
+    )
+
+
 @dataclass(kw_only=True)
 class PolicyBase:
     """Shared state. Subclasses implement `decide` and may extend the `observe_*` methods
@@ -101,6 +177,13 @@ class PolicyBase:
     # Verify-pass latency vs (verified tokens, context tokens); draft latency per draft step.
     verify_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
     draft_step_ms: float | None = None
+    # What an iteration costs besides the verify pass: with speculation, vs draft steps (draft
+    # forwards, draft extend, tree building: the intercept is the fixed price of speculating);
+    # without, the plain decode's own overhead.
+    draft_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=1))
+    plain_overhead_ms: float | None = None
+    # Maps the draft's path probability to the acceptance the target shows (learned online).
+    acceptance: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
     _last_verify_ms: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +191,33 @@ class PolicyBase:
 
     def decide(self, it: IterationInput) -> Decision:
         raise NotImplementedError
+
+    def observe(self, outcome: Outcome) -> None:
+        """The one feedback entry of an iteration: latencies, then what each request committed,
+        then the statistics. Subclasses extend the pieces below, not this sequence."""
+        verified_tokens = int(outcome.verified.sum())
+        self.observe_verify(outcome.verify_ms, verified_tokens, outcome.context_tokens)
+        if outcome.early_exit is not None:
+            self.observe_early_exit(*outcome.early_exit)
+        if outcome.accepted is not None:
+            if outcome.speculated:
+                self.observe_outcome(outcome.rids, outcome.verified, outcome.accepted)
+            if outcome.predicted is not None:
+                self.acceptance.observe(outcome.predicted - 1.0, outcome.accepted - 1.0)
+                self.stats.observe_calibration(
+                    float(outcome.predicted.sum()) - len(outcome.rids),
+                    float(self.acceptance.scale) * (float(outcome.predicted.sum()) - len(outcome.rids)),
+                    float(outcome.accepted.sum()) - len(outcome.rids),
+                )
+            if outcome.speculated:  # plain iterations are counted apart (observe_plain)
+                self.stats.observe_iteration(
+                    outcome.verified.tolist(), outcome.accepted.tolist(), outcome.budget,
+                    outcome.depth, outcome.width,
+                )  # fmt: skip
+        if outcome.speculated:
+            self.observe_iteration(outcome.iteration_ms, outcome.draft_steps)
+        else:
+            self.observe_plain_iteration(outcome.iteration_ms)
 
     def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
         """(depth, width) of the draft's beam search this iteration, asked before the draft
@@ -128,13 +238,24 @@ class PolicyBase:
         self.stats.baseline_tpot_ms = self.baseline_tpot_ms()
 
     def observe_iteration(self, latency_ms: float, draft_steps: int = 0) -> None:
-        """Wall time of one iteration; with the verify pass just observed, what remains is the
-        draft's share, `draft_steps` steps of it."""
+        """Wall time of one speculative iteration; with the verify pass just observed, what
+        remains is the draft's share, `draft_steps` steps of it."""
         self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
         self.stats.t_spec_ms = self.t_spec_ms
         if draft_steps > 0 and self._last_verify_ms is not None:
-            per_step = max(latency_ms - self._last_verify_ms, 0.0) / draft_steps
-            self.draft_step_ms = self._smooth(self.draft_step_ms, per_step)
+            rest_ms = max(latency_ms - self._last_verify_ms, 0.0)
+            self.draft_step_ms = self._smooth(self.draft_step_ms, rest_ms / draft_steps)
+            self.draft_latency.observe((draft_steps,), rest_ms)
+        self._last_verify_ms = None
+
+    def observe_plain_iteration(self, latency_ms: float) -> None:
+        """Wall time of an iteration run without speculation: what it paid besides the forward
+        pass is the plain decode's own overhead."""
+        self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
+        self.stats.t_spec_ms = self.t_spec_ms
+        if self._last_verify_ms is not None:
+            rest_ms = max(latency_ms - self._last_verify_ms, 0.0)
+            self.plain_overhead_ms = self._smooth(self.plain_overhead_ms, rest_ms)
         self._last_verify_ms = None
 
     def observe_outcome(

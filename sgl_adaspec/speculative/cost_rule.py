@@ -1,0 +1,131 @@
+"""adaserve's cost rule: how much to speculate, from what speculation returns and costs here.
+
+Pure math (tensors in, numbers out). Dims: B requests, N candidate nodes per request, K the
+curve's length. Terms as in `speculative/candidates.py`; f' is the calibrated path probability
+(`accept_calibration`), so the expected accepted draft tokens of a set of nodes is their sum of
+f' (AdaServe Theorem 3.1 with calibrated probabilities).
+
+The objective is the batch's expected committed tokens per millisecond of the iteration:
+    rate = (n + sum of f' over the verified draft nodes) / (draft ms + verify ms(tokens, context))
+A plain decode commits n tokens in verify ms(n, context) + its own overhead. Every running
+request pays the iteration's length, so a node is worth verifying only while it raises the
+rate: greedy in descending f', a node with f' goes in while f' / (added ms) > rate so far. On
+hardware where verifying one more token costs more than it returns, nothing goes in and (before
+the draft) the plan is depth 0; where verification is nearly free, everything does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+# verify_ms(tokens, context) / draft_ms(steps) -> float64 latency (broadcast); None if unknown.
+LatencyFn = Callable[..., torch.Tensor | None]
+
+
+@dataclass
+class GainCurve:
+    """curve [K + 1] float64: curve[k] = expected accepted draft tokens of a request's k best
+    nodes by f' (curve[0] = 0), averaged over the requests of recent drafts (moving average,
+    weight `smoothing` for the newest draft). Nodes ranked by f' within a request form a prefix
+    closed under parent (f of a child never exceeds its parent's), so the k best are a tree."""
+
+    max_nodes: int = 64
+    smoothing: float = 0.2
+    curve: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def known(self) -> bool:
+        return self.curve is not None
+
+    def observe(self, calibrated: torch.Tensor, valid: torch.Tensor) -> None:
+        """calibrated [B, N] f'; valid [B, N] bool."""
+        f = torch.where(valid, calibrated, 0.0).double().cpu()
+        ranked = torch.sort(f, dim=1, descending=True).values[:, : self.max_nodes]  # [B, <=K]
+        mean = torch.cat([torch.zeros(1, dtype=torch.float64), ranked.cumsum(1).mean(0)])
+        if mean.numel() < self.max_nodes + 1:  # fewer nodes: the curve is flat past them
+            pad = mean[-1].expand(self.max_nodes + 1 - mean.numel())
+            mean = torch.cat([mean, pad])
+        if self.curve is None:
+            self.curve = mean
+        else:
+            self.curve = (1 - self.smoothing) * self.curve + self.smoothing * mean
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """The plan for the next draft: depth (0: no speculation), the draft nodes per request it
+    expects to verify, and the expected tokens per ms with it and with a plain decode."""
+
+    depth: int
+    nodes_per_request: int
+    expected_accepted: float  # per request, bonus included
+    tokens_per_ms: float
+    plain_tokens_per_ms: float
+
+    def as_dict(self) -> dict:
+        return {
+            "depth": self.depth,
+            "nodes_per_request": self.nodes_per_request,
+            "expected_accepted_per_request": round(self.expected_accepted, 3),
+            "tokens_per_ms": round(self.tokens_per_ms, 4),
+            "plain_tokens_per_ms": round(self.plain_tokens_per_ms, 4),
+            "speculate": self.depth > 0,
+        }
+
+
+def plan_depth(
+    *,
+    num_requests: int,
+    context_tokens: int,
+    max_depth: int,
+    width: int,
+    gain: GainCurve,
+    verify_ms: LatencyFn,
+    draft_ms: LatencyFn,
+    plain_overhead_ms: float,
+) -> PlanChoice | None:
+    """Before the draft: the k (draft nodes per request) that maximizes the expected rate, with
+    the draft run to depth min(k, max_depth); depth 0 when a plain decode's rate is at least as
+    high. None when a latency model has no observation yet."""
+    n = num_requests
+    k = torch.arange(0, min(max_depth * width, gain.max_nodes) + 1, dtype=torch.float64)  # [K]
+    depth = k.clamp(max=max_depth)
+    verify = verify_ms(n * (1 + k), context_tokens)
+    draft = draft_ms(depth)
+    if verify is None or draft is None:
+        return None
+    plain_ms = float(verify[0]) + plain_overhead_ms
+    plain_rate = n / max(plain_ms, 1e-9)
+    expected = 1.0 + gain.curve[k.long()]  # [K] per request, bonus included
+    rate = n * expected / (verify + draft).clamp(min=1e-9)  # [K]
+    rate[0] = -1.0  # k = 0 with a draft is never better than a plain decode
+    best = int(torch.argmax(rate))
+    if float(rate[best]) <= plain_rate:
+        return PlanChoice(0, 0, 1.0, float(rate[best]), plain_rate)
+    return PlanChoice(int(depth[best]), best, float(expected[best]), float(rate[best]), plain_rate)
+
+
+def cost_budget(
+    calibrated: torch.Tensor,
+    valid: torch.Tensor,
+    sunk_ms: float,
+    context_tokens: int,
+    verify_ms: LatencyFn,
+) -> int | None:
+    """After the draft (its `sunk_ms` already paid): the verify budget B, roots included, that
+    maximizes expected committed tokens per ms over the batch-wide ranking by f'.
+    calibrated [B, N] f'; valid [B, N] bool. None when the verify model has no observation."""
+    n = calibrated.shape[0]
+    f = torch.where(valid, calibrated, -1.0).double().flatten().cpu()
+    ranked = torch.sort(f, descending=True).values
+    ranked = ranked[ranked >= 0]  # [M] valid nodes, best first
+    m = torch.arange(0, ranked.numel() + 1, dtype=torch.float64)  # [M + 1]
+    expected = n + torch.cat([torch.zeros(1, dtype=torch.float64), ranked.cumsum(0)])
+    verify = verify_ms(n + m, context_tokens)
+    if verify is None:
+        return None
+    rate = expected / (sunk_ms + verify).clamp(min=1e-9)
+    return n + int(torch.argmax(rate))  # argmax: the first (smallest) best prefix

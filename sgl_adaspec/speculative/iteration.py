@@ -1,0 +1,68 @@
+"""The one declared state of a speculative iteration in the server, shared by the SGLang hooks
+that take part in it (`worker`, `verify_exit`, the torch attention backend).
+
+The hooks run nested inside `EAGLEWorkerV2.forward_batch_generation` on the scheduler's thread,
+so a context variable scoped to that call carries the state; scopes refuse to nest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+
+import torch
+
+from sgl_adaspec.speculative.policies.base import Decision, IterationInput
+
+
+@dataclass
+class Iteration:
+    """One speculative iteration's state: every hook of the iteration reads and writes it here
+    (`current_iteration()`), nothing is left on SGLang's objects.
+    - plain: the iteration runs without speculation (the policy's draft depth was 0);
+    - draft_shape: the (depth, width) the policy asked the draft for; draft_ran: the shape the
+      draft actually ran (the configured one where tiers are not supported);
+    - path_prob [bs, ntok-1]: f of SGLang's candidate nodes, in its node order (root excluded);
+      negative for padding nodes of a draft tier (`draft_tiers`);
+    - parents [bs, ntok] int64 (CPU): the draft tree's parent links (`tree_parents`);
+    - policy_input / decision: what the policy saw and decided;
+    - keep [bs, ntok] bool: nodes verified (closed under parent, roots included);
+    - verify_nodes: per request, the kept node indices, while the ragged verify forward runs
+      (read by the torch attention backend);
+    - early_exit_counts: (tested, exited, test_ms) of the verify pass's early exit;
+    - verify_ms / accepted [bs]: the verify pass's latency and accept lengths."""
+
+    plain: bool = False
+    draft_shape: tuple[int, int] | None = None
+    draft_ran: tuple[int, int] | None = None
+    path_prob: torch.Tensor | None = None
+    parents: torch.Tensor | None = None
+    policy_input: IterationInput | None = None
+    decision: Decision | None = None
+    keep: torch.Tensor | None = None
+    verify_nodes: list[torch.Tensor] | None = None
+    early_exit_counts: tuple[int, int, float] | None = None
+    verify_ms: float | None = None
+    accepted: torch.Tensor | None = None
+
+
+_ITERATION: contextvars.ContextVar[Iteration | None] = contextvars.ContextVar(
+    "adaspec_iteration", default=None
+)
+
+
+def current_iteration() -> Iteration | None:
+    """The speculative iteration in progress in this thread, or None."""
+    return _ITERATION.get()
+
+
+@contextlib.contextmanager
+def iteration_scope():
+    if _ITERATION.get() is not None:
+        raise RuntimeError("speculative iterations do not nest")
+    token = _ITERATION.set(Iteration())
+    try:
+        yield _ITERATION.get()
+    finally:
+        _ITERATION.reset(token)
