@@ -136,10 +136,10 @@ def main() -> int:
     print(f"{'class':<14}{'SLO ms':>9}{'TPOT ms':>9}{'met':>5}{'tokens':>8}"
           f"{'verifies':>10}{'accept len':>12}  chose")
     for o in outcomes:
-        chose = (
-            "no speculation" if o.verified_per_iteration is None
-            else f"{o.verified_per_iteration:.1f} verified tokens per speculative iteration"
-        )
+        if o.verified_per_iteration is not None:
+            chose = f"speculation, {o.verified_per_iteration:.1f} verified tokens per iteration"
+        else:  # streamed responses carry SGLang's accept length, not the per-iteration counts
+            chose = "speculation" if o.accept_length > 1.0 else "no speculation"
         met = ("yes" if o.met else "no") if reachable[o.slo_class] else "n/a"
         print(f"{o.slo_class:<14}{o.tpot_slo_ms:>9.2f}{o.tpot_ms:>9.2f}{met:>5}"
               f"{o.completion_tokens:>8}{o.verify_passes:>10}{o.accept_length:>12.2f}  {chose}")
