@@ -41,7 +41,7 @@ def test_no_speculation_verifies_one_token():
 def test_adaserve_keeps_the_budget_and_serves_the_late_request_first():
     # Request 0 is far behind a 20 ms SLO; the others are best effort. Budget 12 for 4 requests.
     slo = _slo([20.0, float("nan"), float("nan"), float("nan")], [400.0, 0, 0, 0], [5, 0, 0, 0])
-    policy = make_policy("adaserve", 12, 30.0)
+    policy = make_policy("adaserve-knee", 12, 30.0)  # the paper's rule: B is the given budget
     decision = policy.decide(slo, _drafter(4), ("0", "1", "2", "3"), np.full(4, 100))
     assert decision.verified.sum() <= 12
     assert decision.verified[0] == decision.verified.max() > 1

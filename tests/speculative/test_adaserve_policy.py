@@ -141,7 +141,10 @@ def test_server_policy_takes_b1_from_the_verify_budget_unless_set():
     )
     assert (flag.config.tree.verify_tokens_per_step, flag.config.tree.draft_tokens_per_step) == (32, 8)
     own = build_policy(
-        AdaspecConfig(spec_policy="adaserve", adaserve_verify_tokens_per_step=20), budget=48
+        AdaspecConfig(
+            spec_policy="adaserve", adaserve_budget_rule="knee", adaserve_verify_tokens_per_step=20
+        ),
+        budget=48,
     )
     assert (own.config.budget, own.config.tree.verify_tokens_per_step) == (48, 20)
     assert build_policy(AdaspecConfig(spec_policy="adaserve")).config.tree.verify_tokens_per_step == 256

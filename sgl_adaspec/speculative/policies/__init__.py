@@ -84,10 +84,10 @@ def build_policy(config, budget: int | None = None):
 
         rule = config.adaserve_budget_rule
         # The knee rule takes the profile's knee; the cost rule sizes B itself (a flag caps it).
-        budget = budget if rule == "knee" else None
-        budget = budget if config.adaserve_budget is None else config.adaserve_budget
-        # B1 is the verifier's tokens per step: the verify budget unless set on its own.
-        verify_tokens = config.adaserve_verify_tokens_per_step or budget
+        knee = budget if config.adaserve_budget is None else config.adaserve_budget
+        budget = knee if rule == "knee" or config.adaserve_budget is not None else None
+        # B1 is the verifier's tokens per step: the knee (or the flag's B) unless set on its own.
+        verify_tokens = config.adaserve_verify_tokens_per_step or knee
         tree = AdaptiveTreeConfig(draft_tokens_per_step=config.adaserve_draft_tokens_per_step)
         if verify_tokens is not None:
             tree = dataclasses.replace(tree, verify_tokens_per_step=verify_tokens)
