@@ -92,7 +92,7 @@ def test_calibration_learns_an_overconfident_draft():
 
 
 def feed(policy: AdaservePolicy, verify_ms: float, iteration_ms: float, accepted: int) -> None:
-    """One speculative iteration of one request that verified 3 tokens."""
+    """One plain iteration (no decision: verified 1 token) of one request."""
     outcome = make_outcome(
         None, None, rids=("r",), context_tokens=10, accepted=torch.tensor([accepted]),
         verify_ms=verify_ms, iteration_ms=iteration_ms,

@@ -150,7 +150,7 @@ class AdaservePolicy(PolicyBase):
             plain_overhead_ms=self.plain_overhead_ms or 0.0,
         )
 
-    def plan(self, cands: Candidates, context_tokens: int = 0) -> Plan:
+    def plan(self, cands: Candidates) -> Plan:
         depth, width = tree_shape(cands.num_requests, self.config.tree)
         budget = self.config.budget
         if budget is None:
