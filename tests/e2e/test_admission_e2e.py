@@ -20,7 +20,7 @@ def finish_order(url: str) -> list[str]:
         body = {
             "text": f"# request {name}\ndef f(x):",
             "sampling_params": {
-                "temperature": 0.0, "max_new_tokens": max_new_tokens,
+                "temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True,
                 "custom_params": custom_params,
             },
         }  # fmt: skip
@@ -28,9 +28,10 @@ def finish_order(url: str) -> list[str]:
         return name, time.perf_counter()
 
     # Arrivals far enough apart to keep their order on a loaded machine; be1 runs long enough
-    # that all the others queue behind it.
+    # that all the others queue behind it even on a fast host without speculation (160 tokens
+    # took 1.16 s here, too close to the urgent arrival at 1.0 s; 1000 take ~7 s).
     jobs = [
-        ("be1", {}, 0.0, 160), ("be2", {}, 0.25, 48), ("be3", {}, 0.5, 48),
+        ("be1", {}, 0.0, 1000), ("be2", {}, 0.25, 48), ("be3", {}, 0.5, 48),
         ("urgent", {"ttft_slo_ms": 50}, 1.0, 48),
     ]  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
