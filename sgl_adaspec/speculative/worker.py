@@ -186,6 +186,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         with iteration_scope():
             return original(worker, batch, *args, **kwargs)
     num_requests = len(batch.reqs)
+    track_requests(batch.reqs, policy)
     start = time.perf_counter()
     with iteration_scope() as scope:
         scope.draft_shape = policy.draft_shape(
@@ -502,17 +503,24 @@ def prune_tree(verify_input, keep: torch.Tensor, parents: torch.Tensor) -> None:
     verify_input.retrieve_next_sibling.copy_(next_sib.to(next_token.device))
 
 
+def track_requests(reqs, policy: PolicyBase) -> None:
+    """Attach SLO bookkeeping to requests decoding for the first time, in every decode
+    iteration, speculative or plain: a request's clock starts at its first decode iteration,
+    and one served without speculation still reports its TPOT when it finishes."""
+    now = time.perf_counter()
+    for req in reqs:
+        if getattr(req, "_adaspec_state", None) is None:
+            req._adaspec_state = RequestState(request_slo(req), now, len(req.output_ids), policy)
+
+
 def slo_batch(reqs, policy: PolicyBase, baseline_tpot_ms: float | None) -> SloBatch:
-    """The running requests' SLO state; a request's clock starts at its first decode iteration.
-    Classes relative to the baseline TPOT resolve with `baseline_tpot_ms` (best effort while
-    it is unknown)."""
+    """The running requests' SLO state (see `track_requests`). Classes relative to the
+    baseline TPOT resolve with `baseline_tpot_ms` (best effort while it is unknown)."""
+    track_requests(reqs, policy)
     now = time.perf_counter()
     tpot, elapsed, tokens = [], [], []
     for req in reqs:
-        state = getattr(req, "_adaspec_state", None)
-        if state is None:
-            state = RequestState(request_slo(req), now, len(req.output_ids), policy)
-            req._adaspec_state = state
+        state = req._adaspec_state
         target_ms = state.slo.resolve_ms(baseline_tpot_ms)
         tpot.append(target_ms if target_ms is not None else math.nan)
         elapsed.append(1000 * (now - state.decode_start_s))

@@ -64,6 +64,8 @@ def run_policy(tmp_path_factory, target, draft, policy_args) -> tuple[list, dict
         outputs = concurrent_outputs(server.url)
         sampled = generate(server.url, PROMPTS[0][0], None, temperature=0.8)
         assert sampled["meta_info"]["completion_tokens"] == MAX_NEW_TOKENS
+        # A short request of a named class, last: one that adaserve serves without speculation.
+        client.generate(server.url, "x = 1", 4, {"slo_class": "chat"}, 0.0)
         info = requests.get(f"{server.url}/server_info", timeout=60).json()
     finally:
         server.stop()
@@ -136,6 +138,8 @@ def test_adaserve_stands_down_where_speculation_does_not_pay(
     assert outputs == random_pair_reference
     stats = state["stats"]
     assert stats["plain_iterations"] > stats["iterations"]
+    # A request served by plain iterations only still reports its TPOT against its SLO.
+    assert stats["classes"]["chat"]["finished"] == 1
     assert stats["last_plan"]["speculate"] is False
     assert stats["last_plan"]["plain_tokens_per_ms"] >= stats["last_plan"]["tokens_per_ms"]
 
