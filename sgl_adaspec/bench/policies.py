@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sgl_adaspec.speculative.policies import SHAPING_POLICIES
 from sgl_adaspec.testing.server import eagle_flags
 
 
@@ -70,7 +71,7 @@ def _plugin_policy(name: str, *extra: str) -> Callable[[Path, SpecShape], tuple[
     return flags
 
 
-PLUGIN_POLICIES = ("adaserve", "adaspec", "tetris", "faser", "dropin")
+PLUGIN_POLICIES = SHAPING_POLICIES
 
 
 POLICIES: dict[str, PolicyRecipe] = {

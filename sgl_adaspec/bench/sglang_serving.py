@@ -78,7 +78,8 @@ def bench_command(
     """`python -m sglang.benchmark.serving` for one dataset and rate, SGLang's flags only."""
     if dataset == "random-ids":
         data = ["--dataset-name", "random-ids", "--random-input-len", str(bench.input_len),
-                "--random-output-len", str(bench.output_len), "--random-range-ratio", "1.0"]  # fmt: skip
+                "--random-output-len", str(bench.output_len),
+                "--random-range-ratio", "1.0"]  # fmt: skip
     else:
         data = ["--dataset-name", "sharegpt", "--dataset-path", str(sharegpt),
                 "--sharegpt-output-len", str(bench.output_len),

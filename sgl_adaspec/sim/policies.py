@@ -31,7 +31,7 @@ from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.sim.trees import SampledTrees
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.policies import build_policy
+from sgl_adaspec.speculative.policies import SHAPING_POLICIES, build_policy
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
 from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase, make_outcome
 from sgl_adaspec.speculative.selection import select_static
@@ -288,7 +288,7 @@ def adaserve_sim(config: AdaserveConfig, name: str = "adaserve", planned: bool =
 
 
 # The other seed systems, run through `ServerPolicy`.
-SERVER_POLICY_NAMES = ("adaspec", "tetris", "faser", "dropin")
+SERVER_POLICY_NAMES = tuple(name for name in SHAPING_POLICIES if name != "adaserve")
 POLICY_NAMES = ("none", "static", "sglang-adaptive", "adaserve") + SERVER_POLICY_NAMES
 # Not in the default sweep: adaserve whose draft always runs the configured maximum shape
 # (D_max x W_max) and only selection adapts, as the server does with --draft-tiers off; adaserve

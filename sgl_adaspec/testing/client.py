@@ -74,9 +74,12 @@ def generate(
     max_new_tokens: int,
     custom_params: dict | None = None,
     temperature: float = 0.0,
+    ignore_eos: bool = False,
 ) -> dict:
     """One non-streaming `/generate` call; the response JSON (raises on an HTTP error)."""
     sampling = {"temperature": temperature, "max_new_tokens": max_new_tokens}
+    if ignore_eos:  # a sampled request's length is then max_new_tokens, whatever it draws
+        sampling["ignore_eos"] = True
     if custom_params is not None:
         sampling["custom_params"] = custom_params
     response = requests.post(

@@ -26,7 +26,10 @@ TIER_FLAGS = ("--adaserve-verify-tokens-per-step", "9", "--adaserve-draft-tokens
 
 
 def generate(url: str, prompt: str, custom_params: dict | None = None, temperature: float = 0.0):
-    return client.generate(url, prompt, MAX_NEW_TOKENS, custom_params, temperature)
+    # Sampled requests ignore EOS: a random tiny model can draw it before MAX_NEW_TOKENS.
+    return client.generate(
+        url, prompt, MAX_NEW_TOKENS, custom_params, temperature, ignore_eos=temperature > 0
+    )
 
 
 def serve(tmp_path_factory, target, draft, *extra) -> tuple[list[list[int]], dict]:

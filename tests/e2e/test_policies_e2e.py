@@ -37,7 +37,10 @@ WITH_REJECTIONS = POLICIES + tuple(pytest.param(args, marks=pytest.mark.slow) fo
 
 
 def generate(url: str, prompt: str, custom_params: dict | None = None, temperature: float = 0.0):
-    return client.generate(url, prompt, MAX_NEW_TOKENS, custom_params, temperature)
+    # Sampled requests ignore EOS: a random tiny model can draw it before MAX_NEW_TOKENS.
+    return client.generate(
+        url, prompt, MAX_NEW_TOKENS, custom_params, temperature, ignore_eos=temperature > 0
+    )
 
 
 def concurrent_outputs(url: str) -> list[list[int]]:

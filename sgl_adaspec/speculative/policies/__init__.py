@@ -60,6 +60,13 @@ POLICIES: dict[str, PolicySpec] = {
 TREE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
 
 
+# The policies that shape speculation, in the registry's order: what the evaluation tool and
+# the simulator run besides their own baselines.
+SHAPING_POLICIES: tuple[str, ...] = tuple(
+    name for name, spec in POLICIES.items() if spec.needs_speculation
+)
+
+
 def policy_names() -> list[str]:
     return list(POLICIES)
 

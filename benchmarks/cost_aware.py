@@ -1,0 +1,147 @@
+"""Does adaserve keep the promise on this machine: no request served worse than without
+speculation, and speculation where it pays? One run, same prompts, one server at a time.
+
+    python benchmarks/cost_aware.py [--loads 1,4,8] [--tokens N] [--repeats R] [--pairs P,...]
+
+Configurations: no speculation, static EAGLE (`--spec-policy static`), tetris and adaserve (its
+default cost rule), each with EAGLE steps 4, topk 2, 8 draft tokens. Pairs: SmolLM2-135M-Instruct
++ the committed EAGLE draft (a draft that rarely pays on a CPU), and the tiny bigram pair (its
+draft is always right). At each load n, n built-in prompts are streamed at once with mixed
+classes (coding, chat, summarization in turn); each request carries its TPOT SLO in ms, resolved
+from the classes of `configs/slo_classes.yaml` with the baseline = no speculation's median TPOT
+at that load, measured first in the same run (absolute classes below the baseline are out of
+reach and left out of the attainment). Per configuration and load: median TPOT over all requests
+of `--repeats` batches, and SLO attainment. Last line:
+adaserve_tpot_over_nospec_max=<max over loads of adaserve / no speculation median TPOT, SmolLM2>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from sgl_adaspec.bench.batch_loads import builtin_prompts
+from sgl_adaspec.testing.client import stream_generate
+from sgl_adaspec.testing.server import Server, eagle_flags
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES = ("coding", "chat", "summarization")
+CONFIGS = {
+    "none": (),
+    "static": ("--spec-policy", "static"),
+    "tetris": ("--spec-policy", "tetris"),
+    "adaserve": ("--spec-policy", "adaserve"),
+}
+
+
+def pair(name: str) -> tuple[Path, Path]:
+    if name == "bigram":
+        from sgl_adaspec.testing.models import ensure_models
+
+        models = ensure_models()
+        return models.bigram_target, models.bigram_eagle_draft
+    from sgl_adaspec.models.smollm2 import prepare_smollm2
+    from sgl_adaspec.models.train_eagle import DEFAULT_EXPORT
+
+    return prepare_smollm2(), DEFAULT_EXPORT
+
+
+def class_slos_ms(baseline_ms: float) -> dict[str, float]:
+    classes = yaml.safe_load((REPO / "configs" / "slo_classes.yaml").read_text())["classes"]
+    return {
+        name: spec["tpot_ms"] if "tpot_ms" in spec else spec["baseline_multiple"] * baseline_ms
+        for name, spec in classes.items()
+    }
+
+
+def run_batch(url: str, texts: list[str], tokens: int, slos: dict[str, float] | None):
+    """(class, TPOT ms) of each request of one batch sent at once."""
+    jobs = [(CLASSES[i % len(CLASSES)], text) for i, text in enumerate(texts)]
+
+    def one(job):
+        cls, text = job
+        params = {"tpot_slo_ms": round(slos[cls], 3)} if slos else None
+        return cls, stream_generate(url, text, tokens, params).tpot_ms
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(one, jobs))
+
+
+def measure(server: Server, loads, texts, tokens, repeats, slos_at):
+    """Per load: every request's (class, TPOT ms) over `repeats` batches."""
+    out = {}
+    with server:
+        stream_generate(server.url, texts[0], 4)  # warm-up
+        for n in loads:
+            slos = slos_at(n)
+            batches = [run_batch(server.url, texts[:n], tokens, slos) for _ in range(repeats)]
+            out[n] = [r for batch in batches for r in batch]
+    return out
+
+
+def attainment(results, slos: dict[str, float], baseline_ms: float) -> float | None:
+    judged = [(c, t) for c, t in results if slos[c] >= baseline_ms]
+    return sum(t <= slos[c] for c, t in judged) / len(judged) if judged else None
+
+
+def run_pair(name: str, loads, tokens, repeats, logs: Path) -> dict[str, dict[int, float]]:
+    """Median TPOT per configuration and load; prints the pair's table."""
+    target, draft = pair(name)
+    texts = builtin_prompts(max(loads))
+    spec = eagle_flags(draft, 4, 2, 8)
+    results, baseline = {}, {}
+    for config, flags in CONFIGS.items():
+        log = logs / f"{name}-{config}.log"
+        server = Server(target, (*spec, *flags) if flags else (), log_path=log)
+        slos_at = (lambda n: class_slos_ms(baseline[n])) if baseline else (lambda n: None)
+        results[config] = measure(server, loads, texts, tokens, repeats, slos_at)
+        if config == "none":
+            baseline = {n: statistics.median(t for _, t in rs) for n, rs in results[config].items()}
+        print(f"[{name}] {config} done", flush=True)
+    print(f"\n{name}: median TPOT ms (SLO attainment) by load; baseline = no speculation")
+    print(f"{'config':<10}" + "".join(f"{'n=' + str(n):>18}" for n in loads))
+    medians = {}
+    for config, by_load in results.items():
+        medians[config] = {n: statistics.median(t for _, t in rs) for n, rs in by_load.items()}
+        cells = []
+        for n in loads:
+            att = attainment(by_load[n], class_slos_ms(baseline[n]), baseline[n])
+            cells.append(f"{medians[config][n]:>9.1f} ({'-' if att is None else f'{att:.2f}'})")
+        print(f"{config:<10}" + "".join(f"{c:>18}" for c in cells))
+    for n in loads:
+        slos = class_slos_ms(baseline[n])
+        if out_of_reach := [c for c, ms in slos.items() if ms < baseline[n]]:
+            print(f"n={n}: out of reach (SLO below the baseline TPOT): {', '.join(out_of_reach)}")
+    return medians
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loads", default="1,4,8")
+    parser.add_argument("--tokens", type=int, default=48, help="new tokens per request")
+    parser.add_argument("--repeats", type=int, default=2, help="batches per load")
+    parser.add_argument("--pairs", default="bigram,smollm2")
+    args = parser.parse_args()
+    loads = [int(n) for n in args.loads.split(",")]
+    logs = Path(tempfile.mkdtemp(prefix="cost_aware_"))
+    pairs = args.pairs.split(",")
+    medians = {p: run_pair(p, loads, args.tokens, args.repeats, logs) for p in pairs}
+    print(f"\nserver logs: {logs}")
+    for p, m in medians.items():
+        ratios = {n: m["adaserve"][n] / m["none"][n] for n in loads}
+        print(f"{p}: adaserve / no speculation median TPOT by load "
+              + ", ".join(f"n={n}: {r:.3f}" for n, r in ratios.items()))
+    last = "smollm2" if "smollm2" in medians else next(iter(medians))
+    worst = max(medians[last]["adaserve"][n] / medians[last]["none"][n] for n in loads)
+    print(f"adaserve_tpot_over_nospec_max={worst:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
