@@ -33,7 +33,10 @@ def test_bench_serving_reports_accept_length_above_one(models, tmp_path_factory,
     # not pay on a loaded CPU and stand down, which is not what this test is about.
     server = start(tmp_path_factory, "bench-serving", models.bigram_target,
                    *eagle_flags(bench.draft, 3, 2, 6), "--spec-policy", "adaserve",
-                   "--adaserve-budget-rule", "knee")  # fmt: skip
+                   "--adaserve-budget-rule", "knee",
+                   # SGLang folds iterations into the accept length its benchmark reads from
+                   # /server_info at each decode log line (every 40 iterations by default).
+                   "--decode-log-interval", "1")  # fmt: skip
     try:
         sharegpt = spec_bench_sharegpt(SPEC_BENCH_QUESTIONS, out / "sharegpt.json")
         result = out / "result.jsonl"
