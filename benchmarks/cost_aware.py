@@ -67,7 +67,8 @@ def run_batch(url: str, texts: list[str], tokens: int, slos: dict[str, float] | 
     def one(job):
         cls, text = job
         params = {"tpot_slo_ms": round(slos[cls], 3)} if slos else None
-        return cls, stream_generate(url, text, tokens, params).tpot_ms
+        # ignore_eos: every request decodes `tokens` tokens, so each has a TPOT.
+        return cls, stream_generate(url, text, tokens, params, ignore_eos=True).tpot_ms
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         return list(pool.map(one, jobs))

@@ -37,8 +37,9 @@ def stream_generate(
     max_new_tokens: int,
     custom_params: dict | None = None,
     timeout_s: float = 1800,
+    ignore_eos: bool = False,
 ) -> StreamTiming:
-    sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+    sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos}
     if custom_params is not None:
         sampling["custom_params"] = custom_params
     payload = {"text": text, "stream": True, "sampling_params": sampling}
