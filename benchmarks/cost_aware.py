@@ -24,13 +24,11 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import yaml
-
 from sgl_adaspec.bench.batch_loads import builtin_prompts
+from sgl_adaspec.demo import class_slos_ms
 from sgl_adaspec.testing.client import stream_generate
 from sgl_adaspec.testing.server import Server, eagle_flags
 
-REPO = Path(__file__).resolve().parents[1]
 CLASSES = ("coding", "chat", "summarization")
 CONFIGS = {
     "none": (),
@@ -50,14 +48,6 @@ def pair(name: str) -> tuple[Path, Path]:
     from sgl_adaspec.models.train_eagle import DEFAULT_EXPORT
 
     return prepare_smollm2(), DEFAULT_EXPORT
-
-
-def class_slos_ms(baseline_ms: float) -> dict[str, float]:
-    classes = yaml.safe_load((REPO / "configs" / "slo_classes.yaml").read_text())["classes"]
-    return {
-        name: spec["tpot_ms"] if "tpot_ms" in spec else spec["baseline_multiple"] * baseline_ms
-        for name, spec in classes.items()
-    }
 
 
 def run_batch(url: str, texts: list[str], tokens: int, slos: dict[str, float] | None):

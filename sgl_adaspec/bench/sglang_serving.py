@@ -176,9 +176,9 @@ def parse_args(argv: list[str] | None = None) -> ServingBench:
 
 def main(argv: list[str] | None = None) -> None:
     bench = parse_args(argv)
-    results = run(bench)
-    (bench.out / "summary.txt").write_text("\n".join(report(bench, results)) + "\n")
-    print("\n".join(report(bench, results)))
+    summary = "\n".join(report(bench, run(bench)))
+    (bench.out / "summary.txt").write_text(summary + "\n")
+    print(summary)
 
 
 if __name__ == "__main__":
