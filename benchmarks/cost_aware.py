@@ -11,18 +11,22 @@ classes (coding, chat, summarization in turn); each request carries its TPOT SLO
 from the classes of `configs/slo_classes.yaml` with the baseline = no speculation's median TPOT
 at that load, measured first in the same run (absolute classes below the baseline are out of
 reach and left out of the attainment). Per configuration and load: median TPOT over all requests
-of `--repeats` batches, and SLO attainment. Last line:
+of `--repeats` batches, and SLO attainment. The four servers run side by side and the batches
+interleave (see `interleaved`), so the ratios compare like with like. Last line:
 adaserve_tpot_over_nospec_max=<max over loads of adaserve / no speculation median TPOT, SmolLM2>.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import requests
 
 from sgl_adaspec.bench.batch_loads import builtin_prompts
 from sgl_adaspec.demo import class_slos_ms
@@ -64,16 +68,36 @@ def run_batch(url: str, texts: list[str], tokens: int, slos: dict[str, float] | 
         return list(pool.map(one, jobs))
 
 
-def measure(server: Server, loads, texts, tokens, repeats, slos_at):
-    """Per load: every request's (class, TPOT ms) over `repeats` batches."""
-    out = {}
-    with server:
+def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats):
+    """Per configuration and load: every request's (class, TPOT ms). All servers are up at once
+    (each sleeps when idle), and each round runs every configuration's batch back to back, so a
+    drift of the host's speed (they reach 20 % on this machine within minutes) falls on all of
+    them alike. In each round no speculation goes first; the SLOs the others' requests carry
+    come from its median TPOT at that load so far."""
+    out = {config: {n: [] for n in loads} for config in servers}
+    for server in servers.values():
         stream_generate(server.url, texts[0], 4)  # warm-up
+    others = [c for c in servers if c != "none"]
+    for round_ in range(repeats):
         for n in loads:
-            slos = slos_at(n)
-            batches = [run_batch(server.url, texts[:n], tokens, slos) for _ in range(repeats)]
-            out[n] = [r for batch in batches for r in batch]
+            out["none"][n] += run_batch(servers["none"].url, texts[:n], tokens, None)
+            slos = class_slos_ms(statistics.median(t for _, t in out["none"][n]))
+            shift = round_ % len(others)
+            for config in others[shift:] + others[:shift]:
+                out[config][n] += run_batch(servers[config].url, texts[:n], tokens, slos)
+        print(f"round {round_ + 1}/{repeats} done", flush=True)
     return out
+
+
+def choices(server: Server) -> str:
+    """What adaserve chose over the run, from its /server_info statistics."""
+    info = requests.get(f"{server.url}/server_info", timeout=30).json()
+    stats = info["internal_states"][0]["adaspec"]["stats"]
+    return (
+        f"{stats['plain_iterations']} iterations without speculation, {stats['iterations']} "
+        f"speculative ({stats['accepted_tokens_per_verify']:.2f} tokens committed per verify); "
+        f"last plan {stats['last_plan']}"
+    )
 
 
 def attainment(results, slos: dict[str, float], baseline_ms: float) -> float | None:
@@ -86,15 +110,16 @@ def run_pair(name: str, loads, tokens, repeats, logs: Path) -> dict[str, dict[in
     target, draft = pair(name)
     texts = builtin_prompts(max(loads))
     spec = eagle_flags(draft, 4, 2, 8)
-    results, baseline = {}, {}
-    for config, flags in CONFIGS.items():
-        log = logs / f"{name}-{config}.log"
-        server = Server(target, (*spec, *flags) if flags else (), log_path=log)
-        slos_at = (lambda n: class_slos_ms(baseline[n])) if baseline else (lambda n: None)
-        results[config] = measure(server, loads, texts, tokens, repeats, slos_at)
-        if config == "none":
-            baseline = {n: statistics.median(t for _, t in rs) for n, rs in results[config].items()}
-        print(f"[{name}] {config} done", flush=True)
+    servers = {
+        config: Server(target, (*spec, *flags) if flags else (), log_path=logs / f"{name}-{config}.log")
+        for config, flags in CONFIGS.items()
+    }
+    with contextlib.ExitStack() as stack:
+        for server in servers.values():
+            stack.enter_context(server)
+        results = interleaved(servers, loads, texts, tokens, repeats)
+        print(f"{name} adaserve: {choices(servers['adaserve'])}")
+    baseline = {n: statistics.median(t for _, t in rs) for n, rs in results["none"].items()}
     print(f"\n{name}: median TPOT ms (SLO attainment) by load; baseline = no speculation")
     print(f"{'config':<10}" + "".join(f"{'n=' + str(n):>18}" for n in loads))
     medians = {}

@@ -35,6 +35,7 @@ class GainCurve:
     max_nodes: int = 64
     smoothing: float = 0.2
     curve: torch.Tensor | None = field(default=None, repr=False)
+    version: int = 0  # drafts observed
 
     @property
     def known(self) -> bool:
@@ -42,6 +43,7 @@ class GainCurve:
 
     def observe(self, calibrated: torch.Tensor, valid: torch.Tensor) -> None:
         """calibrated [B, N] f'; valid [B, N] bool."""
+        self.version += 1
         f = torch.where(valid, calibrated, 0.0).double().cpu()
         ranked = torch.sort(f, dim=1, descending=True).values[:, : self.max_nodes]  # [B, <=K]
         mean = torch.cat([torch.zeros(1, dtype=torch.float64), ranked.cumsum(1).mean(0)])
@@ -64,6 +66,8 @@ class PlanChoice:
     expected_accepted: float  # per request, bonus included
     tokens_per_ms: float
     plain_tokens_per_ms: float
+    iteration_ms: float  # predicted, with the chosen (or best rejected) draft
+    plain_ms: float  # predicted, without speculation
 
     def as_dict(self) -> dict:
         return {
@@ -72,6 +76,8 @@ class PlanChoice:
             "expected_accepted_per_request": round(self.expected_accepted, 3),
             "tokens_per_ms": round(self.tokens_per_ms, 4),
             "plain_tokens_per_ms": round(self.plain_tokens_per_ms, 4),
+            "iteration_ms": round(self.iteration_ms, 3),
+            "plain_ms": round(self.plain_ms, 3),
             "speculate": self.depth > 0,
         }
 
@@ -103,9 +109,13 @@ def plan_depth(
     rate = n * expected / (verify + draft).clamp(min=1e-9)  # [K]
     rate[0] = -1.0  # k = 0 with a draft is never better than a plain decode
     best = int(torch.argmax(rate))
+    spec_ms = float(verify[best] + draft[best])
     if float(rate[best]) <= plain_rate:
-        return PlanChoice(0, 0, 1.0, float(rate[best]), plain_rate)
-    return PlanChoice(int(depth[best]), best, float(expected[best]), float(rate[best]), plain_rate)
+        return PlanChoice(0, 0, float(expected[best]), float(rate[best]), plain_rate, spec_ms, plain_ms)
+    return PlanChoice(
+        int(depth[best]), best, float(expected[best]), float(rate[best]), plain_rate, spec_ms,
+        plain_ms,
+    )  # fmt: skip
 
 
 def cost_budget(

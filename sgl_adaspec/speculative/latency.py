@@ -17,13 +17,22 @@ import torch
 class LinearLatency:
     """num_features: length of each feature tuple; window: observations kept; ridge: small L2
     penalty (on the slopes, not the intercept) so a window of near-identical points stays
-    solvable. Slopes are clamped at >= 0: more tokens never make a forward pass faster."""
+    solvable. Slopes are clamped at >= 0: more tokens never make a forward pass faster.
+    refit_fraction: a fit is reused until the observations since it reach this fraction of
+    those held (at least one), so a server observing every iteration refits every 16th
+    iteration once the window is full: a fit costs about a millisecond on a CPU, which a
+    plain decode of a small model cannot afford each iteration.
+
+    `version` counts fits, so a caller can reuse what it derived from the last one."""
 
     num_features: int
     window: int = 256
     ridge: float = 1e-3
+    refit_fraction: float = 1 / 16
+    version: int = 0
     _rows: deque = field(default_factory=deque, repr=False)
     _coef: torch.Tensor | None = field(default=None, repr=False)
+    _unfitted: int = field(default=0, repr=False)  # observations since the last fit
 
     def __post_init__(self) -> None:
         if self.num_features < 1 or self.window < 2:
@@ -34,7 +43,7 @@ class LinearLatency:
         if len(features) != self.num_features:
             raise ValueError(f"expected {self.num_features} features, got {len(features)}")
         self._rows.append((*map(float, features), float(latency_ms)))
-        self._coef = None
+        self._unfitted += 1
 
     def seed(self, points: list[tuple[tuple[float, ...], float]]) -> None:
         for features, latency in points:
@@ -48,7 +57,9 @@ class LinearLatency:
         """[num_features + 1] float64: slopes then intercept (None before any observation)."""
         if not self._rows:
             return None
-        if self._coef is None:
+        if self._coef is None or self._unfitted >= max(1, self.refit_fraction * len(self._rows)):
+            self._unfitted = 0
+            self.version += 1
             data = torch.tensor(list(self._rows), dtype=torch.float64)  # [M, F + 1]
             x, y = data[:, :-1], data[:, -1]
             scale = x.abs().amax(dim=0).clamp(min=1.0)  # [F]: condition the normal equations

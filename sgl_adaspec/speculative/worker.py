@@ -21,7 +21,7 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -80,6 +80,22 @@ class RequestState:
         return 1000 * (now_s - self.decode_start_s) / decoded if decoded > 0 else None
 
 
+@dataclass
+class LoopClock:
+    """When the last decode iteration of this scheduler ended (None: the last forward was not
+    a decode iteration). An iteration's cost includes the scheduler's work between it and the
+    previous one (processing that result, preparing this batch): per token it is a large
+    share of a small model's plain decode, and a policy weighing plain against speculative
+    iterations must see it."""
+
+    last_decode_end_s: float | None = None
+
+    def cycle_start(self, forward_start_s: float) -> float:
+        """Where the iteration starting its forward at `forward_start_s` began."""
+        last = self.last_decode_end_s
+        return forward_start_s if last is None else min(last, forward_start_s)
+
+
 @dataclass(frozen=True)
 class Runtime:
     """The plugin's state in one scheduler process, built once when the scheduler starts
@@ -90,6 +106,7 @@ class Runtime:
     policy: PolicyBase | None = None
     cost_profile: VerifyCostProfile | None = None
     draft_tiers: bool = False
+    clock: LoopClock = field(default_factory=LoopClock)
 
 
 _RUNTIME: Runtime | None = None
@@ -180,14 +197,19 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     policy's one `observe` of its outcome. A draft depth of 0 runs the iteration as a plain
     decode through SGLang's own steps-0 path (`plain_decode`)."""
     policy = _policy()
-    if policy is None or batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+    if policy is None:
+        return original(worker, batch, *args, **kwargs)
+    clock = _RUNTIME.clock
+    if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+        clock.last_decode_end_s = None
         return original(worker, batch, *args, **kwargs)
     if batch.forward_mode.is_idle():
+        clock.last_decode_end_s = None
         with iteration_scope():
             return original(worker, batch, *args, **kwargs)
     num_requests = len(batch.reqs)
     track_requests(batch.reqs, policy)
-    start = time.perf_counter()
+    start = clock.cycle_start(time.perf_counter())
     with iteration_scope() as scope:
         scope.draft_shape = policy.draft_shape(
             num_requests, worker.speculative_num_steps, worker.topk
@@ -203,7 +225,9 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
             if not _RUNTIME.draft_tiers:
                 scope.draft_shape = None
             result = original(worker, batch, *args, **kwargs)
-    iteration_ms = 1000 * (time.perf_counter() - start)
+    end = time.perf_counter()
+    clock.last_decode_end_s = end
+    iteration_ms = 1000 * (end - start)
     if scope.plain:
         policy.stats.observe_plain(num_requests)
     elif scope.draft_ran is not None:

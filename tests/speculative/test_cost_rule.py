@@ -3,6 +3,8 @@ hand-computed cases."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -81,14 +83,32 @@ def test_gain_curve_averages_each_requests_best_nodes():
 
 def test_calibration_learns_an_overconfident_draft():
     calibration = AcceptanceCalibration(prior_weight=1.0)
+    # Two nodes of f = 0.8 verified, one draft token accepted on average: 0.8 ** g = 0.5.
     for _ in range(200):
-        calibration.observe(torch.tensor([2.0, 2.0]), torch.tensor([1.0, 1.0]))
-    assert calibration.scale == pytest.approx(0.5, abs=0.01)
-    assert calibration.apply(torch.tensor([0.8, 0.4])).tolist() == pytest.approx([0.4, 0.2], abs=0.01)
-    for _ in range(400):  # now under-confident: c > 1, and f' never exceeds 1
-        calibration.observe(torch.tensor([1.0]), torch.tensor([3.0]))
-    assert calibration.scale == pytest.approx(3.0, abs=0.05)
-    assert calibration.apply(torch.tensor([0.5])).item() == 1.0
+        calibration.observe(torch.tensor([[0.8, 0.8]]), torch.tensor([1.0]))
+    assert calibration.gamma == pytest.approx(math.log(0.5) / math.log(0.8), rel=0.05)
+    assert calibration.apply(torch.tensor([0.8, 0.0])).tolist() == pytest.approx([0.5, 0.0], abs=0.02)
+
+
+def test_calibration_learns_an_underconfident_chain():
+    """A chain always accepted whose draft gives each step 0.3: f = 0.3, 0.09, 0.027, 0.0081. No
+    single factor maps all four to 1; the power does, at every depth."""
+    calibration = AcceptanceCalibration()
+    chain = torch.tensor([[0.3, 0.09, 0.027, 0.0081]])
+    for _ in range(300):
+        calibration.observe(chain, torch.tensor([4.0]))
+    assert calibration.calibrated_sum(chain) == pytest.approx(4.0, rel=0.05)
+    assert calibration.apply(chain).min().item() > 0.9
+    # Now a draft that is right half as often as it claims at depth 1: gamma comes back.
+    for _ in range(600):
+        calibration.observe(torch.tensor([[0.5]]), torch.tensor([0.25]))
+    assert calibration.apply(torch.tensor([0.5])).item() == pytest.approx(0.25, abs=0.03)
+
+
+def test_calibration_without_observations_is_the_identity():
+    calibration = AcceptanceCalibration()
+    f = torch.tensor([0.9, 0.2, 0.0])
+    assert calibration.apply(f).tolist() == pytest.approx(f.tolist(), abs=1e-6)
 
 
 def feed(policy: AdaservePolicy, verify_ms: float, iteration_ms: float, accepted: int) -> None:

@@ -18,6 +18,7 @@ Two budget rules (`AdaserveConfig.budget_rule`):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -93,6 +94,8 @@ class AdaservePolicy(PolicyBase):
     _probe_every: int = field(default=0, repr=False)
     _probe_left: int = field(default=0, repr=False)  # speculative iterations the probe still runs
     _cold: bool = field(default=False, repr=False)  # this draft follows a plain iteration
+    # The last plan and what it was computed from (see `_cost_depth`).
+    _plan_cache: tuple = field(default=(None, None), repr=False)
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
@@ -135,11 +138,20 @@ class AdaservePolicy(PolicyBase):
         return depth, width
 
     def _cost_depth(self, num_requests: int, max_depth: int, width: int):
-        """The cost model's plan for the next draft (None until it has measurements)."""
+        """The cost model's plan for the next draft (None until it has measurements). Reused
+        while its inputs stand: the models' fits, the batch, and the context within ~9 %
+        (planning costs ~0.3 ms of torch calls, a fair share of a small model's plain decode)."""
         verify = self.verify_latency
         if verify.num_observations < 2 or not self.gain.known:
             return None
-        return plan_depth(
+        verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
+        key = (
+            num_requests, max_depth, width, verify.version, self.draft_latency.version,
+            self.gain.version, int(8 * math.log2(1 + self._context_tokens)),
+        )  # fmt: skip
+        if self._plan_cache[0] == key:
+            return self._plan_cache[1]
+        planned = plan_depth(
             num_requests=num_requests,
             context_tokens=self._context_tokens,
             max_depth=max_depth,
@@ -149,6 +161,8 @@ class AdaservePolicy(PolicyBase):
             draft_ms=self.draft_latency.predict_tensor,
             plain_overhead_ms=self.plain_overhead_ms or 0.0,
         )
+        self._plan_cache = (key, planned)
+        return planned
 
     def plan(self, cands: Candidates) -> Plan:
         depth, width = tree_shape(cands.num_requests, self.config.tree)

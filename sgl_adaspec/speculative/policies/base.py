@@ -91,9 +91,11 @@ class Outcome:
     - rids [B]; verified [B] int64: tokens each request verified, root included;
     - accepted [B] int64: tokens each request committed, bonus included (SGLang's accept
       length), or None when the verify pass reported none;
-    - predicted [B] float64: accepted tokens the draft's raw path probabilities promised for
-      the verified nodes (1 + sum of f), the calibration's input; None without speculation;
-    - verify_ms: the verify pass; iteration_ms: the whole iteration (draft, verify, draft extend);
+    - verified_f [B, N] float64: the draft's raw path probability f of each verified node, 0
+      for the others (the calibration's input); None without speculation;
+    - verify_ms: the verify pass; iteration_ms: the whole iteration (in the server from the end
+      of the previous decode iteration: the scheduler's work between them, the draft, the verify
+      pass, the draft extend);
     - context_tokens: KV tokens of the batch (sum of context lengths);
     - draft_steps / draft_width: the draft shape that ran (0 steps: no speculation);
     - budget / depth / width: what the decision applied, for the statistics;
@@ -102,7 +104,7 @@ class Outcome:
     rids: tuple[str, ...]
     verified: torch.Tensor
     accepted: torch.Tensor | None
-    predicted: torch.Tensor | None
+    verified_f: torch.Tensor | None
     verify_ms: float
     iteration_ms: float
     context_tokens: int
@@ -138,12 +140,11 @@ def make_outcome(
         )  # fmt: skip
     selection = decision.selection
     f = torch.where(selection.mask, it.cands.path_prob.to(selection.mask.device), 0.0)
-    predicted = 1.0 + f.double().sum(dim=1).cpu()  # [B]
     return Outcome(
         rids=rids,
         verified=(selection.counts + 1).cpu().long(),
         accepted=None if accepted is None else accepted.detach().cpu().long(),
-        predicted=predicted,
+        verified_f=f.double().cpu(),
         verify_ms=verify_ms,
         iteration_ms=iteration_ms,
         context_tokens=context_tokens,
@@ -202,13 +203,14 @@ class PolicyBase:
         if outcome.accepted is not None:
             if outcome.speculated:
                 self.observe_outcome(outcome.rids, outcome.verified, outcome.accepted)
-            if outcome.predicted is not None:
-                self.acceptance.observe(outcome.predicted - 1.0, outcome.accepted - 1.0)
+            if outcome.verified_f is not None:
+                # The prediction is the calibration's before it learns from this outcome.
                 self.stats.observe_calibration(
-                    float(outcome.predicted.sum()) - len(outcome.rids),
-                    float(self.acceptance.scale) * (float(outcome.predicted.sum()) - len(outcome.rids)),
+                    float(outcome.verified_f.sum()),
+                    self.acceptance.calibrated_sum(outcome.verified_f),
                     float(outcome.accepted.sum()) - len(outcome.rids),
                 )
+                self.acceptance.observe(outcome.verified_f, outcome.accepted - 1)
             if outcome.speculated:  # plain iterations are counted apart (observe_plain)
                 self.stats.observe_iteration(
                     outcome.verified.tolist(), outcome.accepted.tolist(), outcome.budget,
