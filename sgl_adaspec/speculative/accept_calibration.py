@@ -32,6 +32,7 @@ class AcceptanceCalibration:
     bins: int = 48
     log_floor: float = -24.0
     observed_sum: float = 0.0
+    version: int = 0  # outcomes observed
     _counts: torch.Tensor = field(default=None, repr=False)  # [bins] decayed node counts
     _log_sums: torch.Tensor = field(default=None, repr=False)  # [bins] decayed sums of log f
     _gamma: float | None = field(default=1.0, repr=False)  # None: refit before use
@@ -65,6 +66,7 @@ class AcceptanceCalibration:
         )
         self.observed_sum = self.decay * self.observed_sum + float(accepted.clamp(min=0).sum())
         self._gamma = None
+        self.version += 1
 
     @property
     def gamma(self) -> float:

@@ -16,6 +16,7 @@ the draft) the plan is depth 0; where verification is nearly free, everything do
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,32 +29,39 @@ LatencyFn = Callable[..., torch.Tensor | None]
 @dataclass
 class GainCurve:
     """curve [K + 1] float64: curve[k] = expected accepted draft tokens of a request's k best
-    nodes by f' (curve[0] = 0), averaged over the requests of recent drafts (moving average,
-    weight `smoothing` for the newest draft). Nodes ranked by f' within a request form a prefix
-    closed under parent (f of a child never exceeds its parent's), so the k best are a tree."""
+    nodes by f' (curve[0] = 0), averaged over the requests of the last `drafts` drafts. Nodes
+    ranked by f within a request form a prefix closed under parent (f of a child never exceeds
+    its parent's), so the k best are a tree. The drafts are kept as raw f and the curve is
+    rebuilt with the current calibration (`refresh`): a curve of calibrated values frozen at
+    observation time would keep what an early, uncalibrated f said long after."""
 
     max_nodes: int = 64
-    smoothing: float = 0.2
+    drafts: int = 8
     curve: torch.Tensor | None = field(default=None, repr=False)
     version: int = 0  # drafts observed
+    _ranked: deque = field(default_factory=deque, repr=False)  # [B, <=K] raw f per draft
 
     @property
     def known(self) -> bool:
-        return self.curve is not None
+        return self.curve is not None or bool(self._ranked)
 
-    def observe(self, calibrated: torch.Tensor, valid: torch.Tensor) -> None:
-        """calibrated [B, N] f'; valid [B, N] bool."""
+    def observe(self, path_prob: torch.Tensor, valid: torch.Tensor) -> None:
+        """path_prob [B, N] raw f; valid [B, N] bool."""
         self.version += 1
-        f = torch.where(valid, calibrated, 0.0).double().cpu()
-        ranked = torch.sort(f, dim=1, descending=True).values[:, : self.max_nodes]  # [B, <=K]
-        mean = torch.cat([torch.zeros(1, dtype=torch.float64), ranked.cumsum(1).mean(0)])
-        if mean.numel() < self.max_nodes + 1:  # fewer nodes: the curve is flat past them
-            pad = mean[-1].expand(self.max_nodes + 1 - mean.numel())
-            mean = torch.cat([mean, pad])
-        if self.curve is None:
-            self.curve = mean
-        else:
-            self.curve = (1 - self.smoothing) * self.curve + self.smoothing * mean
+        f = torch.where(valid, path_prob, 0.0).double().cpu()
+        ranked = torch.sort(f, dim=1, descending=True).values[:, : self.max_nodes]
+        pad = self.max_nodes - ranked.shape[1]  # fewer nodes: the curve is flat past them
+        self._ranked.append(torch.nn.functional.pad(ranked, (0, pad)))
+        while len(self._ranked) > self.drafts:
+            self._ranked.popleft()
+
+    def refresh(self, calibrate: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Rebuild `curve` from the kept drafts with `calibrate` (f -> f', monotone)."""
+        if not self._ranked:
+            return
+        calibrated = calibrate(torch.cat(list(self._ranked)))  # [sum of B, K]
+        zero = torch.zeros(1, dtype=torch.float64)
+        self.curve = torch.cat([zero, calibrated.cumsum(1).mean(0)])
 
 
 @dataclass(frozen=True)
@@ -93,12 +101,16 @@ def plan_depth(
     draft_ms: LatencyFn,
     plain_overhead_ms: float,
 ) -> PlanChoice | None:
-    """Before the draft: the k (draft nodes per request) that maximizes the expected rate, with
-    the draft run to depth min(k, max_depth); depth 0 when a plain decode's rate is at least as
-    high. None when a latency model has no observation yet."""
+    """Before the draft: the k (draft nodes per request) that maximizes the expected rate of a
+    draft run to `max_depth`; depth 0 when a plain decode's rate is at least as high. None when
+    a latency model has no observation yet.
+
+    The draft always runs to `max_depth` when it runs: the gain curve is learned from the drafts
+    that ran, and a shallower draft would show no gain past its own depth, so a depth chosen by
+    the curve would only ever shrink."""
     n = num_requests
     k = torch.arange(0, min(max_depth * width, gain.max_nodes) + 1, dtype=torch.float64)  # [K]
-    depth = k.clamp(max=max_depth)
+    depth = torch.full_like(k, float(max_depth))
     verify = verify_ms(n * (1 + k), context_tokens)
     draft = draft_ms(depth)
     if verify is None or draft is None:

@@ -61,18 +61,29 @@ class LinearLatency:
             self._unfitted = 0
             self.version += 1
             data = torch.tensor(list(self._rows), dtype=torch.float64)  # [M, F + 1]
-            x, y = data[:, :-1], data[:, -1]
-            scale = x.abs().amax(dim=0).clamp(min=1.0)  # [F]: condition the normal equations
-            xs = torch.cat([x / scale, torch.ones_like(y).unsqueeze(1)], dim=1)  # [M, F + 1]
-            penalty = torch.full((self.num_features + 1,), self.ridge, dtype=torch.float64)
-            penalty[-1] = 0.0
-            gram = xs.T @ xs + torch.diag(penalty) * len(y)
-            coef = torch.linalg.lstsq(gram, xs.T @ y.unsqueeze(1)).solution.squeeze(1)
-            slopes = (coef[:-1] / scale).clamp(min=0.0)
-            # Refit the intercept for the clamped slopes so the mean is still matched.
-            intercept = (y - x @ slopes).mean()
-            self._coef = torch.cat([slopes, intercept.unsqueeze(0)])
+            coef = self._fit(data)
+            # One pass of outlier trimming: a server's first iterations (lazy set-up) or one
+            # stalled by the host can take 100x a normal one and would own a mean for long.
+            residual = (data[:, -1] - data[:, :-1] @ coef[:-1] - coef[-1]).abs()
+            inliers = residual <= 4 * residual.median() + 1e-6
+            if len(data) >= 4 and not bool(inliers.all()):
+                coef = self._fit(data[inliers])
+            self._coef = coef
         return self._coef
+
+    def _fit(self, data: torch.Tensor) -> torch.Tensor:
+        """data [M, F + 1] (features, latency) -> [F + 1] slopes (clamped >= 0), intercept."""
+        x, y = data[:, :-1], data[:, -1]
+        scale = x.abs().amax(dim=0).clamp(min=1.0)  # [F]: condition the normal equations
+        xs = torch.cat([x / scale, torch.ones_like(y).unsqueeze(1)], dim=1)  # [M, F + 1]
+        penalty = torch.full((self.num_features + 1,), self.ridge, dtype=torch.float64)
+        penalty[-1] = 0.0
+        gram = xs.T @ xs + torch.diag(penalty) * len(y)
+        coef = torch.linalg.lstsq(gram, xs.T @ y.unsqueeze(1)).solution.squeeze(1)
+        slopes = (coef[:-1] / scale).clamp(min=0.0)
+        # Refit the intercept for the clamped slopes so the mean is still matched.
+        intercept = (y - x @ slopes).mean()
+        return torch.cat([slopes, intercept.unsqueeze(0)])
 
     def predict_tensor(self, *features: torch.Tensor | float) -> torch.Tensor | None:
         """`predict` for many points at once: one broadcastable tensor (or number) per feature;

@@ -77,8 +77,11 @@ def test_gain_curve_averages_each_requests_best_nodes():
     f = torch.tensor([[0.2, 0.5], [0.8, 0.3]])
     valid = torch.tensor([[True, True], [True, False]])
     gain.observe(f, valid)
+    gain.refresh(lambda x: x)
     # request 0: 0.5, 0.7; request 1: 0.8, 0.8 (its second node is padding) -> mean.
     assert gain.curve.tolist() == pytest.approx([0.0, 0.65, 0.75, 0.75])
+    gain.refresh(lambda x: x.sqrt())  # a new calibration re-reads the kept draft
+    assert gain.curve[1].item() == pytest.approx((0.5**0.5 + 0.8**0.5) / 2)
 
 
 def test_calibration_learns_an_overconfident_draft():

@@ -72,6 +72,30 @@ def test_linear_latency_never_predicts_cheaper_for_more_tokens():
     assert model.predict((64,)) == pytest.approx(9.5)
 
 
+def test_linear_latency_trims_a_stalled_iteration():
+    # A server's first speculative iteration (lazy set-up) took 1200 ms; the others 20 + 2 d.
+    model = LinearLatency(num_features=1)
+    model.observe((4,), 1200.0)
+    for depth, ms in ((4, 28.1), (4, 27.9), (2, 24.0), (4, 28.0), (3, 26.0), (4, 28.0)):
+        model.observe((depth,), ms)
+    assert model.predict((4,)) == pytest.approx(28.0, abs=0.3)
+
+
+def test_linear_latency_refits_every_sixteenth_of_its_window():
+    model = LinearLatency(num_features=1, window=64)
+    for i in range(64):
+        model.observe((i % 4,), 10.0)
+    fitted = model.version
+    model.coefficients()
+    model.observe((1,), 10.0)
+    model.coefficients()  # 1 new of 64: the fit stands
+    assert model.version == fitted + 1
+    for _ in range(3):
+        model.observe((1,), 10.0)
+    model.coefficients()  # 4 new: refitted
+    assert model.version == fitted + 2
+
+
 def test_linear_latency_before_any_observation_is_unknown():
     assert LinearLatency(num_features=2).predict((1, 1)) is None
     with pytest.raises(ValueError, match="features"):

@@ -105,8 +105,8 @@ class AdaservePolicy(PolicyBase):
 
     def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
         """(d, w) of this iteration's draft. Eq. 8-9's load-adaptive shape, so the draft's own
-        work shrinks under load; with the cost rule, d is the depth that maximizes expected
-        tokens per ms, or 0 (no speculation) when a plain decode does better. While not
+        work shrinks under load; with the cost rule, d is 0 (no speculation) when a plain
+        decode's expected tokens per ms beat the best tree of that shape. While not
         speculating, every `probe_interval` iterations it speculates twice (the first draft
         is cold after plain iterations) to re-measure what speculation returns."""
         depth, width = tree_shape(num_requests, self.config.tree)
@@ -118,13 +118,12 @@ class AdaservePolicy(PolicyBase):
         if planned is not None and planned.depth == 0:
             if self._probe_left == 0 and self._plain_run < self._probe_every:
                 self._plain_run += 1
-                self.stats.last_plan = planned.as_dict()
+                self.stats.last_plan = self._plan_report(planned)
                 return 0, width
             if self._probe_left == 0:  # a probe: a cold draft, then a measured one
                 self._probe_left, self._plain_run = 2, 0
                 self._probe_every = min(2 * self._probe_every, 16 * self.config.probe_interval)
         elif planned is not None:
-            depth = max(1, min(depth, planned.depth))
             if self._probe_left == 0:
                 self._probe_every = self.config.probe_interval
         self._cold = was_plain and self._probe_left == 2
@@ -134,8 +133,17 @@ class AdaservePolicy(PolicyBase):
                 depth = 1
         self._plain_run = 0
         if planned is not None:
-            self.stats.last_plan = {**planned.as_dict(), "depth": depth}
+            self.stats.last_plan = {**self._plan_report(planned), "depth": depth}
         return depth, width
+
+    def _plan_report(self, planned) -> dict:
+        """The plan for /server_info, with the learned inputs behind it."""
+        curve = self.gain.curve
+        return {
+            **planned.as_dict(),
+            "acceptance_gamma": round(self.acceptance.gamma, 4),
+            "gain_curve": None if curve is None else [round(x, 3) for x in curve[:9].tolist()],
+        }
 
     def _cost_depth(self, num_requests: int, max_depth: int, width: int):
         """The cost model's plan for the next draft (None until it has measurements). Reused
@@ -147,10 +155,12 @@ class AdaservePolicy(PolicyBase):
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
         key = (
             num_requests, max_depth, width, verify.version, self.draft_latency.version,
-            self.gain.version, int(8 * math.log2(1 + self._context_tokens)),
+            self.gain.version, self.acceptance.version,
+            int(8 * math.log2(1 + self._context_tokens)),
         )  # fmt: skip
         if self._plan_cache[0] == key:
             return self._plan_cache[1]
+        self.gain.refresh(self.acceptance.apply)
         planned = plan_depth(
             num_requests=num_requests,
             context_tokens=self._context_tokens,
@@ -186,7 +196,7 @@ class AdaservePolicy(PolicyBase):
         if self.config.budget_rule == "cost":
             calibrated = self.acceptance.apply(shaped.path_prob)
             if not self._cold:
-                self.gain.observe(calibrated, shaped.valid)
+                self.gain.observe(shaped.path_prob, shaped.valid)
             sunk_ms = self.draft_latency.predict((plan.depth,)) or 0.0
             budget = cost_budget(
                 calibrated, shaped.valid, sunk_ms, context_tokens, self.verify_latency.predict_tensor
