@@ -22,7 +22,8 @@ from typing import Callable
 
 import torch
 
-# verify_ms(tokens, context) / draft_ms(steps) -> float64 latency (broadcast); None if unknown.
+# verify_ms(tokens, context) / draft_ms(steps, requests) -> float64 latency (broadcast); None
+# if unknown.
 LatencyFn = Callable[..., torch.Tensor | None]
 
 
@@ -112,7 +113,7 @@ def plan_depth(
     k = torch.arange(0, min(max_depth * width, gain.max_nodes) + 1, dtype=torch.float64)  # [K]
     depth = torch.full_like(k, float(max_depth))
     verify = verify_ms(n * (1 + k), context_tokens)
-    draft = draft_ms(depth)
+    draft = draft_ms(depth, n)
     if verify is None or draft is None:
         return None
     plain_ms = float(verify[0]) + plain_overhead_ms

@@ -19,7 +19,7 @@ def linear_ms(fixed: float, per_token: float):
     return lambda tokens, context=0: fixed + per_token * (torch.as_tensor(tokens, dtype=torch.float64) - 1)
 
 
-def free_draft(steps):
+def free_draft(steps, requests=1):
     return torch.zeros_like(torch.as_tensor(steps, dtype=torch.float64))
 
 
@@ -53,7 +53,7 @@ def test_draft_cost_decides_against_a_modest_gain():
     # (1 + 0.5) / (10 + 6) < 1 / 10, deeper is worse still.
     choice = plan_depth(
         num_requests=1, context_tokens=0, max_depth=3, width=1, gain=curve(0.5),
-        verify_ms=linear_ms(10.0, 0.0), draft_ms=lambda s: 6.0 * torch.as_tensor(s, dtype=torch.float64),
+        verify_ms=linear_ms(10.0, 0.0), draft_ms=lambda s, n: 6.0 * torch.as_tensor(s, dtype=torch.float64),
         plain_overhead_ms=0.0,
     )  # fmt: skip
     assert choice.depth == 0
@@ -129,7 +129,7 @@ def test_adaserve_stands_down_then_probes():
     policy.verify_latency.seed([((1, 10), 10.0), ((8, 10), 80.0)])
     policy.gain = curve(0.5)
     assert policy.draft_shape(1, 4, 2) == (4, 2)  # no draft cost measured yet: eq. 8-9 shape
-    policy.draft_latency.seed([((1,), 2.0), ((4,), 8.0)])
+    policy.draft_latency.seed([((1, 1), 2.0), ((4, 1), 8.0)])
     shapes = [policy.draft_shape(1, 4, 2)[0] for _ in range(9)]
     # 3 plain iterations, a probe (a cold depth-1 draft, then a measured one), plain again.
     assert shapes[:3] == [0, 0, 0]

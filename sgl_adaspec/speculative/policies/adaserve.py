@@ -197,7 +197,7 @@ class AdaservePolicy(PolicyBase):
             calibrated = self.acceptance.apply(shaped.path_prob)
             if not self._cold:
                 self.gain.observe(shaped.path_prob, shaped.valid)
-            sunk_ms = self.draft_latency.predict((plan.depth,)) or 0.0
+            sunk_ms = self.draft_latency.predict((plan.depth, cands.num_requests)) or 0.0
             budget = cost_budget(
                 calibrated, shaped.valid, sunk_ms, context_tokens, self.verify_latency.predict_tensor
             )

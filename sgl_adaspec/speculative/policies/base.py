@@ -178,10 +178,10 @@ class PolicyBase:
     # Verify-pass latency vs (verified tokens, context tokens); draft latency per draft step.
     verify_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
     draft_step_ms: float | None = None
-    # What an iteration costs besides the verify pass: with speculation, vs draft steps (draft
-    # forwards, draft extend, tree building: the intercept is the fixed price of speculating);
-    # without, the plain decode's own overhead.
-    draft_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=1))
+    # What an iteration costs besides the verify pass: with speculation, vs (draft steps,
+    # running requests) (draft forwards, draft extend, tree building, the scheduler's work:
+    # the intercept is the fixed price of speculating); without, the plain decode's own.
+    draft_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
     plain_overhead_ms: float | None = None
     # Maps the draft's path probability to the acceptance the target shows (learned online).
     acceptance: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
@@ -217,7 +217,7 @@ class PolicyBase:
                     outcome.depth, outcome.width,
                 )  # fmt: skip
         if outcome.speculated:
-            self.observe_iteration(outcome.iteration_ms, outcome.draft_steps)
+            self.observe_iteration(outcome.iteration_ms, outcome.draft_steps, len(outcome.rids))
         else:
             self.observe_plain_iteration(outcome.iteration_ms)
 
@@ -239,15 +239,17 @@ class PolicyBase:
             self.verify_latency.observe((verified_tokens, context_tokens), latency_ms)
         self.stats.baseline_tpot_ms = self.baseline_tpot_ms()
 
-    def observe_iteration(self, latency_ms: float, draft_steps: int = 0) -> None:
+    def observe_iteration(
+        self, latency_ms: float, draft_steps: int = 0, num_requests: int = 1
+    ) -> None:
         """Wall time of one speculative iteration; with the verify pass just observed, what
-        remains is the draft's share, `draft_steps` steps of it."""
+        remains is the draft's share, `draft_steps` steps for `num_requests` requests."""
         self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
         self.stats.t_spec_ms = self.t_spec_ms
         if draft_steps > 0 and self._last_verify_ms is not None:
             rest_ms = max(latency_ms - self._last_verify_ms, 0.0)
             self.draft_step_ms = self._smooth(self.draft_step_ms, rest_ms / draft_steps)
-            self.draft_latency.observe((draft_steps,), rest_ms)
+            self.draft_latency.observe((draft_steps, num_requests), rest_ms)
         self._last_verify_ms = None
 
     def observe_plain_iteration(self, latency_ms: float) -> None:
