@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 import torch
 
 
+# An observation this many times the median of those held is a stall, not a cost.
+STALL_FACTOR = 10.0
+
+
 @dataclass
 class LinearLatency:
     """num_features: length of each feature tuple; window: observations kept; ridge: small L2
@@ -61,14 +65,17 @@ class LinearLatency:
             self._unfitted = 0
             self.version += 1
             data = torch.tensor(list(self._rows), dtype=torch.float64)  # [M, F + 1]
-            coef = self._fit(data)
-            # One pass of outlier trimming: a server's first iterations (lazy set-up) or one
-            # stalled by the host can take 100x a normal one and would own a mean for long.
-            residual = (data[:, -1] - data[:, :-1] @ coef[:-1] - coef[-1]).abs()
-            inliers = residual <= 4 * residual.median() + 1e-6
-            if len(data) >= 4 and not bool(inliers.all()):
-                coef = self._fit(data[inliers])
-            self._coef = coef
+            # A server's first iterations (lazy set-up) or one stalled by the host can take 100x
+            # a normal one and would own a mean for long: a point over STALL_FACTOR times what
+            # a fit without the points that far over the median predicts for it is left out
+            # (a legitimately large batch is predicted large and stays).
+            latency = data[:, -1]
+            if len(data) >= 3:
+                typical = data[latency <= STALL_FACTOR * latency.median()]
+                rough = self._fit(typical)
+                predicted = data[:, :-1] @ rough[:-1] + rough[-1]
+                data = data[latency <= STALL_FACTOR * predicted.clamp(min=1e-6)]
+            self._coef = self._fit(data)
         return self._coef
 
     def _fit(self, data: torch.Tensor) -> torch.Tensor:

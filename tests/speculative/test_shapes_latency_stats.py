@@ -79,6 +79,11 @@ def test_linear_latency_trims_a_stalled_iteration():
     for depth, ms in ((4, 28.1), (4, 27.9), (2, 24.0), (4, 28.0), (3, 26.0), (4, 28.0)):
         model.observe((depth,), ms)
     assert model.predict((4,)) == pytest.approx(28.0, abs=0.3)
+    # A large batch far above the median is a cost, not a stall: it stays in the fit.
+    model = LinearLatency(num_features=1)
+    for tokens in (1, 1, 2, 2, 4, 4, 512):
+        model.observe((tokens,), 1.0 + 0.5 * tokens)
+    assert model.predict((512,)) == pytest.approx(257.0, rel=0.01)
 
 
 def test_linear_latency_refits_every_sixteenth_of_its_window():
