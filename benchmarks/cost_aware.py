@@ -93,10 +93,12 @@ def choices(server: Server) -> str:
     """What adaserve chose over the run, from its /server_info statistics."""
     info = requests.get(f"{server.url}/server_info", timeout=30).json()
     stats = info["internal_states"][0]["adaspec"]["stats"]
+    calibrated = stats["acceptance_calibrated_over_observed"]
     return (
         f"{stats['plain_iterations']} iterations without speculation, {stats['iterations']} "
-        f"speculative ({stats['accepted_tokens_per_verify']:.2f} tokens committed per verify); "
-        f"last plan {stats['last_plan']}"
+        f"speculative ({stats['accepted_tokens_per_verify']:.2f} tokens committed per verify; "
+        f"calibrated / observed accepted draft tokens "
+        f"{'-' if calibrated is None else f'{calibrated:.3f}'}); last plan {stats['last_plan']}"
     )
 
 

@@ -150,9 +150,11 @@ def main() -> int:
           "speculation")
     if plan:
         print(f"last plan: {'speculate' if plan['speculate'] else 'no speculation'}; expected "
-              f"{plan['tokens_per_ms']:.4f} tokens/ms with speculation (depth {plan['depth']}, "
-              f"{plan['expected_accepted_per_request']:.2f} tokens per request per iteration) vs "
-              f"{plan['plain_tokens_per_ms']:.4f} without")
+              f"{plan['tokens_per_ms']:.4f} tokens/ms with the best tree "
+              f"({plan['expected_accepted_per_request']:.2f} tokens per request in a "
+              f"{plan['iteration_ms']:.1f} ms iteration) vs {plan['plain_tokens_per_ms']:.4f} "
+              f"without ({plan['plain_ms']:.1f} ms); acceptance calibration gamma "
+              f"{plan['acceptance_gamma']:.2f}")
     if args.keep_logs:
         print(f"server logs: {logs}")
     judged = [o for o in outcomes if reachable[o.slo_class]]
