@@ -1,0 +1,71 @@
+"""What an iteration without speculation costs in a speculative server, against a server
+without speculation: SGLang 0.5.23's steps-0 path (a one-token verify per request, no draft,
+draft extend skipped) as adaserve runs it when speculation does not pay.
+
+    python benchmarks/plain_iteration_cost.py [--pair smollm2|bigram] [--tokens N] [--repeats R]
+
+Both servers run side by side (each sleeps when idle) and their requests alternate, one at a
+time, so a drift of the host's speed falls on both. adaserve is warmed up first until its cost
+model stands down; the probes it still runs (two speculative iterations every 16 to 256 plain
+ones) are counted and reported. Last line: plain_over_nospec_tpot=<median TPOT ratio>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cost_aware import pair  # noqa: E402
+
+from sgl_adaspec.bench.batch_loads import builtin_prompts  # noqa: E402
+from sgl_adaspec.testing.client import stream_generate  # noqa: E402
+from sgl_adaspec.testing.server import Server, eagle_flags  # noqa: E402
+
+
+def adaserve_stats(url: str) -> dict:
+    info = requests.get(f"{url}/server_info", timeout=30).json()
+    return info["internal_states"][0]["adaspec"]["stats"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", default="smollm2", choices=("smollm2", "bigram"))
+    parser.add_argument("--tokens", type=int, default=96, help="new tokens per request")
+    parser.add_argument("--repeats", type=int, default=5, help="requests per server")
+    args = parser.parse_args()
+    target, draft = pair(args.pair)
+    text = builtin_prompts(1)[0]
+    spec = (*eagle_flags(draft, 4, 2, 8), "--spec-policy", "adaserve")
+    none, adaserve = Server(target), Server(target, spec)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(none)
+        stack.enter_context(adaserve)
+        stream_generate(none.url, text, 8, ignore_eos=True)
+        for _ in range(3):  # adaserve learns what speculation returns here
+            stream_generate(adaserve.url, text, args.tokens, ignore_eos=True)
+        before = adaserve_stats(adaserve.url)
+        tpot = {"none": [], "adaserve": []}
+        for _ in range(args.repeats):
+            for name, server in (("none", none), ("adaserve", adaserve)):
+                tpot[name].append(stream_generate(server.url, text, args.tokens, ignore_eos=True).tpot_ms)
+        after = adaserve_stats(adaserve.url)
+    plain = after["plain_iterations"] - before["plain_iterations"]
+    spec_iters = after["iterations"] - before["iterations"]
+    medians = {name: statistics.median(values) for name, values in tpot.items()}
+    print(f"{args.pair}: one request at a time, {args.tokens} tokens, {args.repeats} each")
+    for name, values in tpot.items():
+        print(f"  {name:<9} median TPOT {medians[name]:8.2f} ms  ({', '.join(f'{v:.1f}' for v in values)})")
+    print(f"  adaserve while measured: {plain} iterations without speculation, {spec_iters} "
+          f"speculative (probes); last plan {after['last_plan']}")
+    print(f"plain_over_nospec_tpot={medians['adaserve'] / medians['none']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
