@@ -70,12 +70,16 @@ class LinearLatency:
             # a fit without the points that far over the median predicts for it is left out
             # (a legitimately large batch is predicted large and stays).
             latency = data[:, -1]
+            typical = latency <= STALL_FACTOR * latency.median()
+            if len(data) < 3:  # too few to tell a stall from a cost
+                typical = torch.ones_like(typical)
+            coef = self._fit(data[typical])
             if len(data) >= 3:
-                typical = data[latency <= STALL_FACTOR * latency.median()]
-                rough = self._fit(typical)
-                predicted = data[:, :-1] @ rough[:-1] + rough[-1]
-                data = data[latency <= STALL_FACTOR * predicted.clamp(min=1e-6)]
-            self._coef = self._fit(data)
+                predicted = data[:, :-1] @ coef[:-1] + coef[-1]
+                kept = latency <= STALL_FACTOR * predicted.clamp(min=1e-6)
+                if not torch.equal(kept, typical):  # else the fit above is the one
+                    coef = self._fit(data[kept])
+            self._coef = coef
         return self._coef
 
     def _fit(self, data: torch.Tensor) -> torch.Tensor:
