@@ -59,12 +59,12 @@ def test_urgent_ttft_request_is_admitted_first(models, tmp_path_factory, admissi
 
 
 def prefill_chunks(log_text: str) -> list[int]:
-    """#new-token of every prefill batch SGLang logged while a request was running."""
-    chunks = []
-    for line in log_text.splitlines():
-        if "Prefill batch" in line and "#running-req: 1" in line:
-            chunks.append(int(line.split("#new-token: ")[1].split(",")[0]))
-    return chunks
+    """#new-token of every prefill batch in a server log."""
+    return [
+        int(line.split("#new-token: ")[1].split(",")[0])
+        for line in log_text.splitlines()
+        if "Prefill batch" in line
+    ]
 
 
 @pytest.mark.slow
@@ -76,22 +76,27 @@ def test_without_slo_admission_a_long_prefill_runs_in_one_piece(models, tmp_path
              "--slo-admission", "off")  # fmt: skip
     server = start(tmp_path_factory, "prefill-off", models.target, *flags)
 
-    def tight():
-        body = {
-            "text": "def f(x):",
-            "sampling_params": {
-                "temperature": 0, "max_new_tokens": 200, "custom_params": {"tpot_slo_ms": 20},
-            },
-        }  # fmt: skip
-        requests.post(f"{server.url}/generate", json=body, timeout=300).raise_for_status()
-
+    # The running request streams, so the long prompt is sent only once it is decoding, and it
+    # is long enough (ignore_eos) to still be running when the long prompt arrives on any host:
+    # a 200-token request without ignore_eos had finished within the 1 s the test used to wait.
+    body = {
+        "text": "def f(x):", "stream": True,
+        "sampling_params": {
+            "temperature": 0, "max_new_tokens": 1500, "ignore_eos": True,
+            "custom_params": {"tpot_slo_ms": 20},
+        },
+    }  # fmt: skip
     try:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            running = pool.submit(tight)
-            time.sleep(1.0)
+        with requests.post(f"{server.url}/generate", json=body, stream=True, timeout=300) as running:
+            running.raise_for_status()
+            next(line for line in running.iter_lines() if line.startswith(b"data:"))
+            # SGLang logs the running request's prefill before it streams its first token; only
+            # what is logged from here on can be the long prompt. (SGLang's own #running-req in
+            # that log line reads 0 when the prompt arrives right after that first token.)
+            log_offset = len(server.log_path.read_bytes())
             long = server.generate("x = 1\n" * 300, 4)  # 1200 prompt tokens
-            running.result()
     finally:
         server.stop()
     assert long["meta_info"]["prompt_tokens"] == 1200
-    assert prefill_chunks(server.log_path.read_text(errors="replace")) == [1200]
+    log_after = server.log_path.read_bytes()[log_offset:].decode(errors="replace")
+    assert prefill_chunks(log_after) == [1200]
