@@ -29,7 +29,7 @@ import yaml
 from sgl_adaspec.models.smollm2 import prepare_smollm2
 from sgl_adaspec.testing.client import stream_generate
 from sgl_adaspec.testing.models import ensure_models
-from sgl_adaspec.speculative.worker import VERIFIED_TOKENS_KEY
+from sgl_adaspec.speculative.sglang.hooks import VERIFIED_TOKENS_KEY
 from sgl_adaspec.testing.server import Server, eagle_flags
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ def register() -> None:
     from sgl_adaspec import cli
     from sgl_adaspec.platform.cpu import hooks as cpu_hooks
     from sgl_adaspec.scheduler import sglang_adapter as scheduler_adapter
-    from sgl_adaspec.speculative import worker as spec_worker
+    from sgl_adaspec.speculative.sglang import hooks as spec_hooks
 
     server_args = "sglang.srt.server_args.ServerArgs"
     HookRegistry.register(f"{server_args}.add_cli_args", cli.add_cli_args, HookType.AFTER)
@@ -28,7 +28,7 @@ def register() -> None:
         HookType.AFTER,
     )
     cpu_hooks.register(HookRegistry, HookType)
-    spec_worker.register(HookRegistry, HookType)
+    spec_hooks.register(HookRegistry, HookType)
     scheduler_adapter.register(HookRegistry, HookType)
 
 

@@ -7,7 +7,8 @@ Every recipe serves the same target model; only the speculation flags differ:
 * ``sglang-adaptive``: SGLang's ``--speculative-adaptive``: EAGLE with topk 1 (the only width it
   supports) and ``steps + 1`` draft tokens; SGLang moves the steps among its candidate steps
   (1, 3, 5, 7 by default) from the observed acceptance. ``steps`` must be one of them.
-* ``adaserve``, ``adaspec``, ``tetris``, ``faser``, ``dropin``: EAGLE tree and
+* the plugin's policies that shape speculation (the registry's ``SHAPING_POLICIES``: today
+  ``adaserve``, ``adaspec``, ``tetris``, ``faser``, ``dropin``): EAGLE tree and
   ``--spec-policy NAME`` (every plugin policy needs topk >= 2: it reads the tree's
   probabilities; chain policies verify its most probable chain).
 * ``adaserve-fcfs``: adaserve with SLO-aware admission and prefill bounding off
@@ -46,6 +47,9 @@ class PolicyRecipe:
     # only a warning), with the log line prefix that says why.
     must_be_on: str | None = None
     off_reason_prefix: str | None = None
+    # The plugin policy (`--spec-policy`, one of the registry's SHAPING_POLICIES) the server runs,
+    # None for the baselines: such a server takes --baseline-tpot-ms to resolve SLO classes.
+    plugin_policy: str | None = None
 
 
 def _none(draft: Path, shape: SpecShape) -> tuple[str, ...]:
@@ -71,13 +75,21 @@ def _plugin_policy(name: str, *extra: str) -> Callable[[Path, SpecShape], tuple[
     return flags
 
 
+def _plugin_recipe(name: str, summary: str, policy: str, *extra: str) -> PolicyRecipe:
+    """EAGLE tree and `--spec-policy policy`, plus `extra` flags."""
+    return PolicyRecipe(name, summary, _plugin_policy(policy, *extra), plugin_policy=policy)
+
+
+# The plugin's policies, from the registry (`--spec-policy NAME`); POLICIES adds the bench's
+# baselines (NO_SPECULATION, "static", "sglang-adaptive") and its variant "adaserve-fcfs".
 PLUGIN_POLICIES = SHAPING_POLICIES
+NO_SPECULATION = "none"
 
 
 POLICIES: dict[str, PolicyRecipe] = {
     recipe.name: recipe
     for recipe in (
-        PolicyRecipe("none", "no speculation", _none),
+        PolicyRecipe(NO_SPECULATION, "no speculation", _none),
         PolicyRecipe("static", "EAGLE tree, SGLang's own speculation", _static),
         PolicyRecipe(
             "sglang-adaptive",
@@ -87,13 +99,15 @@ POLICIES: dict[str, PolicyRecipe] = {
             off_reason_prefix="speculative_adaptive disabled:",
         ),
         *(
-            PolicyRecipe(name, f"EAGLE tree, --spec-policy {name}", _plugin_policy(name))
+            _plugin_recipe(name, f"EAGLE tree, --spec-policy {name}", name)
             for name in PLUGIN_POLICIES
         ),
-        PolicyRecipe(
+        _plugin_recipe(
             "adaserve-fcfs",
             "adaserve with SGLang's admission order (--slo-admission off)",
-            _plugin_policy("adaserve", "--slo-admission", "off"),
+            "adaserve",
+            "--slo-admission",
+            "off",
         ),
     )
 }
@@ -107,4 +121,4 @@ def get_policy(name: str) -> PolicyRecipe:
 
 
 def is_speculative(name: str) -> bool:
-    return name != "none"
+    return name != NO_SPECULATION

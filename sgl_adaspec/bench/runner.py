@@ -20,7 +20,7 @@ import requests
 from sgl_adaspec.bench.http_stream import APIS, Api
 from sgl_adaspec.bench.metrics import RequestRecord, RunSummary, summarize
 from sgl_adaspec.bench.policies import (
-    PLUGIN_POLICIES,
+    NO_SPECULATION,
     POLICIES,
     SpecShape,
     get_policy,
@@ -40,7 +40,7 @@ from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
 from sgl_adaspec.testing.server import CPU_FLAGS, Server
 
 RunStatus = Literal["ok", "unavailable", "failed"]
-BASELINE_POLICY = "none"
+BASELINE_POLICY = NO_SPECULATION
 
 
 class BenchError(RuntimeError):
@@ -240,7 +240,7 @@ def _started(
     recipe = get_policy(policy)
     settings = config.servers
     args = [*recipe.flags(settings.draft_model, settings.shape), *settings.extra_args]
-    if policy in (*PLUGIN_POLICIES, "adaserve-fcfs") and config.slo_field == "slo_class" and baseline_tpot_ms:
+    if recipe.plugin_policy and config.slo_field == "slo_class" and baseline_tpot_ms:
         args += ["--baseline-tpot-ms", f"{baseline_tpot_ms:.3f}"]  # resolve classes alike
     log_dir = Path(config.out_dir) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -273,7 +273,7 @@ def _log_reason(log_path: Path, prefix: str | None = None) -> str | None:
     except OSError:
         return None
     if prefix is not None:
-        hits = [line[line.index(prefix):] for line in lines if prefix in line]
+        hits = [line[line.index(prefix) :] for line in lines if prefix in line]
         return hits[-1] if hits else None
     errors = [line.strip() for line in lines if "error" in line.lower() and line.strip()]
     return errors[-1][:300] if errors else (lines[-1][:300] if lines else None)

@@ -1,5 +1,5 @@
 """Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0.5B-Instruct (draft): a real
-same-tokenizer pair, for calibrating the simulator's acceptance model (`sim/calibration.py`).
+same-tokenizer pair, for calibrating the simulator's acceptance model (`sim/calibration/`).
 
     python -m sgl_adaspec.models.qwen_coder [--cache-dir DIR] [--force] [--only target|draft]
 
@@ -33,7 +33,7 @@ from sgl_adaspec.testing.models import default_cache_dir
 # bfloat16 vs float32, transformers 5.19 / torch 2.13, one thread of this AMD EPYC (AVX-512 BF16),
 # 1.5B target: greedy 32 tokens at batch 1 5.7 s vs 9.7 s, at batch 8 9.1 s vs 28.0 s; a
 # 700-token prefill 5.5 s vs 18.7 s. The calibration computes the draft's probabilities from its
-# last hidden states with a float32 lm_head (`sim/calibration.py`).
+# last hidden states with a float32 lm_head (`sim/calibration/`).
 DTYPE = "bfloat16"
 MARKER = ".sgl_adaspec_complete"
 

@@ -61,7 +61,7 @@ def bound_prefill(*args, **kwargs):
     tracked = [(r, r._adaspec_state) for r in reqs if getattr(r, "_adaspec_state", None)]
     # Requests found unable to meet their SLO even alone are served best effort: no say here.
     tracked = [(r, state) for r, state in tracked if not state.infeasible]
-    from sgl_adaspec.speculative.worker import runtime
+    from sgl_adaspec.speculative.sglang.runtime import runtime
 
     plugin_state = runtime()
     profile = plugin_state.cost_profile if plugin_state is not None and tracked else None

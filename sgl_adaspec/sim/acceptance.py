@@ -16,7 +16,7 @@ Terms as in `speculative/candidates.py`: accepted tokens are draft tokens on the
 the bonus token is on top.
 
 The default (`DEFAULT`) is `CALIBRATED_QWEN25CODER`, measured on a real same-tokenizer pair
-(Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft; `sim/calibration.py` records and fits it, the
+(Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft; `sim/calibration/` records and fits it, the
 JSON ships in `sim/data/`). `SYNTHETIC_DEFAULT` (made-up Betas, identity calibration) stays
 available, by name too: `resolve("synthetic-default")`. Other models load with
 `AcceptanceModel.load(path)` (JSON; `to_json` writes the format).
@@ -98,7 +98,7 @@ class AcceptanceModel:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "AcceptanceModel":
+    def from_json(cls, data: dict) -> AcceptanceModel:
         unknown = set(data) - {"name", "source", "top1", "calibration"}
         if unknown:
             raise ValueError(f"acceptance model: unknown keys {sorted(unknown)}")
@@ -114,7 +114,7 @@ class AcceptanceModel:
         )
 
     @classmethod
-    def load(cls, path: str | Path) -> "AcceptanceModel":
+    def load(cls, path: str | Path) -> AcceptanceModel:
         path = Path(path)
         try:
             return cls.from_json(json.loads(path.read_text()))
@@ -123,7 +123,7 @@ class AcceptanceModel:
 
     def with_calibration(
         self, name: str, p: tuple[float, ...], accept: tuple[float, ...]
-    ) -> "AcceptanceModel":
+    ) -> AcceptanceModel:
         return AcceptanceModel(name, self.source, self.top1, p, accept)
 
 

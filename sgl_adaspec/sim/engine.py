@@ -12,7 +12,7 @@ overlap scheduling):
   request commits accepted + 1 (bonus) tokens, cut at its output length, and the clock advances
   by the draft forwards plus the verify pass.
 
-SLO accounting (as the server's `speculative/worker.py`): a request's decode clock starts at the
+SLO accounting (as the server's `speculative/sglang/`): a request's decode clock starts at the
 start of its first decode iteration; TPOT = (finish - decode start) / (output tokens - 1), the
 prefill's token excluded. It meets its SLO when TPOT <= its TPOT SLO. Queueing and prefill time
 before the first decode iteration count toward TTFT only.
@@ -31,7 +31,7 @@ from sgl_adaspec.sim.acceptance import AcceptanceModel
 from sgl_adaspec.sim.latency import LatencyModel
 from sgl_adaspec.sim.policies import SimPolicy
 from sgl_adaspec.sim.trees import accept_walk, draft_trees
-from sgl_adaspec.sim.workload import Workload
+from sgl_adaspec.sim.workload import WorkloadArrays
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class SimResult:
     busy time in prefill / draft / verify (ms)."""
 
     policy: str
-    workload: Workload
+    workload: WorkloadArrays
     first_token_s: np.ndarray
     decode_start_s: np.ndarray
     finish_s: np.ndarray
@@ -93,7 +93,7 @@ class SimResult:
 
 
 def simulate(
-    workload: Workload,
+    workload: WorkloadArrays,
     latency: LatencyModel,
     acceptance: AcceptanceModel,
     policy: SimPolicy,
@@ -169,7 +169,7 @@ def _admit(waiting: deque, prompt: np.ndarray, room: int, config: EngineConfig) 
 def _decode_iteration(
     running: np.ndarray,
     now: float,
-    workload: Workload,
+    workload: WorkloadArrays,
     latency: LatencyModel,
     acceptance: AcceptanceModel,
     policy: SimPolicy,

@@ -50,7 +50,7 @@ DEFAULT_CLASSES = (
 
 
 @dataclass(frozen=True)
-class Workload:
+class WorkloadArrays:
     """R requests sorted by arrival. Arrays [R]: arrival_s, class_index (into class_names),
     prompt_tokens, output_tokens (>= 2), tpot_slo_ms (NaN = best effort)."""
 
@@ -73,7 +73,7 @@ def poisson_workload(
     baseline_tpot_ms: float,
     seed: int,
     classes: tuple[RequestClass, ...] = DEFAULT_CLASSES,
-) -> Workload:
+) -> WorkloadArrays:
     """`num_requests` Poisson arrivals at `rate_rps`; each request's class drawn from the mix."""
     if rate_rps <= 0 or num_requests < 1:
         raise ValueError(f"need rate > 0 and >= 1 request, got {rate_rps}, {num_requests}")
@@ -95,7 +95,7 @@ def poisson_workload(
         prompt[rows] = cls.prompt.sample(rng, count)
         output[rows] = cls.output.sample(rng, count)
         slo[rows] = _class_tpot_ms(slo_config, cls.name, baseline_tpot_ms)
-    return Workload(tuple(c.name for c in classes), arrival, class_index, prompt, output, slo)
+    return WorkloadArrays(tuple(c.name for c in classes), arrival, class_index, prompt, output, slo)
 
 
 def _class_tpot_ms(slo_config: SloConfig, name: str, baseline_tpot_ms: float) -> float:

@@ -16,7 +16,7 @@ every slot the small search did not produce with a padding node whose score, -(s
 below every real score (real scores are probabilities, >= 0) and below its own parent's. So the
 top-(N - 1) pick of `organize_draft_results` takes real nodes first and stays closed under
 parent; padding nodes it still takes (when the tier has fewer than N - 1 nodes) are recognised
-by their negative score and never verified (`worker.candidates_from_verify_input`).
+by their negative score and never verified (`sglang.tree.candidates_from_verify_input`).
 """
 
 from __future__ import annotations

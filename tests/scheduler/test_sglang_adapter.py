@@ -13,8 +13,8 @@ from sgl_adaspec.scheduler.request_slo import RequestSlo
 from sgl_adaspec.scheduler.sglang_adapter import bound_prefill
 from sgl_adaspec.speculative.stats import SpecStats
 from sgl_adaspec.scheduler.cost_model import VerifyCostProfile
-from sgl_adaspec.speculative import worker
-from sgl_adaspec.speculative.worker import RequestState
+from sgl_adaspec.speculative.sglang import runtime as plugin_runtime
+from sgl_adaspec.speculative.sglang.request_state import RequestState
 
 PROFILE = {"tokens": [8, 64], "latency_ms": [10.0, 38.0]}  # 0.5 ms per extra token
 
@@ -42,7 +42,7 @@ def adaserve_config(monkeypatch):
     monkeypatch.setenv("ADASPEC_CONFIG", config.to_json())
     # The scheduler's runtime holds the start-up verify cost profile.
     profile = VerifyCostProfile(tuple(PROFILE["tokens"]), tuple(PROFILE["latency_ms"]))
-    monkeypatch.setattr(worker, "_RUNTIME", worker.Runtime(config, cost_profile=profile))
+    monkeypatch.setattr(plugin_runtime, "_RUNTIME", plugin_runtime.Runtime(config, cost_profile=profile))
 
 
 def test_request_behind_its_slo_caps_the_prefill():

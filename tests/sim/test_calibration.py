@@ -1,4 +1,4 @@
-"""The pure parts of the acceptance calibration (sim/calibration.py) on hand-made data, and the
+"""The pure parts of the acceptance calibration (sim/calibration/) on hand-made data, and the
 committed calibration files."""
 
 from __future__ import annotations
@@ -106,11 +106,11 @@ def test_chain_depths_and_paths():
     assert acc.tolist() == [True, False, True, False, False]
 
 
-def _hand_made_stats() -> dict[str, cal.ClassStats]:
+def _hand_made_stats() -> dict[str, cal.ClassAcceptance]:
     rng = np.random.default_rng(3)
     classes = {}
     for name, quality in (("coding", 0.9), ("chat", 0.6), ("summarization", 0.7)):
-        stats = cal.ClassStats()
+        stats = cal.ClassAcceptance()
         for _ in range(5):
             top1 = np.clip(rng.beta(quality * 4, (1 - quality) * 4, size=40), 0.02, 0.999)
             rest = (1 - top1)[:, None] * np.array([0.5, 0.25, 0.125])

@@ -12,7 +12,7 @@ from sgl_adaspec.sim.acceptance import SYNTHETIC_DEFAULT, zero_acceptance
 from sgl_adaspec.sim.engine import EngineConfig, simulate
 from sgl_adaspec.sim.latency import get_preset
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES, make_policy
-from sgl_adaspec.sim.workload import Workload, poisson_workload
+from sgl_adaspec.sim.workload import WorkloadArrays, poisson_workload
 
 ALL_POLICIES = POLICY_NAMES + EXTRA_POLICY_NAMES
 SPECULATIVE = [p for p in ALL_POLICIES if p != "none"]
@@ -90,7 +90,7 @@ def test_burst_at_time_zero_speculation_slower_without_acceptance_per_request():
     """All requests arrive together: every policy decodes the same batch, so with zero
     acceptance each request's TPOT is the mean iteration time, never below no speculation's."""
     n = 16
-    workload = Workload(
+    workload = WorkloadArrays(
         ("coding", "chat", "summarization"),
         arrival_s=np.zeros(n),
         class_index=np.arange(n) % 3,

@@ -23,7 +23,7 @@ from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sgl_adaspec.speculative.iteration import current_iteration
+from sgl_adaspec.speculative.sglang.iteration import current_iteration
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -97,7 +97,7 @@ class TorchTreeAttnBackend(TorchNativeAttnBackend):
         q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         out = q.new_empty((q_.shape[0], layer.tp_q_head_num, layer.v_head_dim))
         tree = self._tree_masks(spec_info.custom_mask, seq_lens, ntok)
-        # Ragged verify (speculative/worker.py): request b verifies only nodes[b], packed.
+        # Ragged verify (speculative/sglang/hooks.py): request b verifies only nodes[b], packed.
         scope = current_iteration()
         nodes = scope.verify_nodes if scope is not None else None
         start = 0

@@ -1,5 +1,5 @@
 """The one declared state of a speculative iteration in the server, shared by the SGLang hooks
-that take part in it (`worker`, `verify_exit`, the torch attention backend).
+that take part in it (`hooks`, `early_exit`, the torch attention backend).
 
 The hooks run nested inside `EAGLEWorkerV2.forward_batch_generation` on the scheduler's thread,
 so a context variable scoped to that call carries the state; scopes refuse to nest.
@@ -25,7 +25,7 @@ class Iteration:
       draft actually ran (the configured one where tiers are not supported);
     - path_prob [bs, ntok-1]: f of SGLang's candidate nodes, in its node order (root excluded);
       negative for padding nodes of a draft tier (`draft_tiers`);
-    - parents [bs, ntok] int64 (CPU): the draft tree's parent links (`tree_parents`);
+    - parents [bs, ntok] int64 (CPU): the draft tree's parent links (`tree.verify_tree_parents`);
     - policy_input / decision: what the policy saw and decided;
     - keep [bs, ntok] bool: nodes verified (closed under parent, roots included);
     - verify_nodes: per request, the kept node indices, while the ragged verify forward runs

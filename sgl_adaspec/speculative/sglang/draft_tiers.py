@@ -2,7 +2,7 @@
 
 AROUND `EagleDraftWorker.draft_forward`. The policy picks the iteration's draft shape (d', w')
 before the draft runs (`PolicyBase.draft_shape`, stored in the iteration scope by
-`worker.forward_batch_generation`). When it is smaller than the configured (d, w) this hook
+`hooks.forward_batch_generation`). When it is smaller than the configured (d, w) this hook
 runs d' - 1 draft forwards over B * w' rows, the first w' branches of SGLang's draft KV slots,
 and hands `organize_draft_results` the result in the (d, w) layout (`draft_tiers.embed_beam`),
 so the verify tree, its buffers and the next draft extend keep their configured sizes.
@@ -16,7 +16,7 @@ the configured search runs and the policy only narrows what is verified.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from sgl_adaspec.speculative.draft_tiers import beam_step, embed_beam
 
@@ -25,8 +25,9 @@ logger = logging.getLogger(__name__)
 
 def runs_tiers(draft_worker, forward_batch) -> bool:
     """Whether this draft can run at a smaller shape than configured (see module docstring)."""
-    from sgl_adaspec.platform.cpu.attention import TorchMultiStepDraftBackend
     from sglang.srt.runtime_context import get_spec
+
+    from sgl_adaspec.platform.cpu.attention import TorchMultiStepDraftBackend
 
     needs_draft_probs = (
         get_spec().speculative_use_rejection_sampling
@@ -105,7 +106,9 @@ def _beam_search(draft_worker, forward_batch, depth: int, width: int):
             ForwardContext(attn_backend=backend.attn_backends[i]), forward_batch=forward_batch
         ):
             logits_output = draft_worker.draft_runner.forward(forward_batch).logits_output
-        probs = renorm_draft_probs(logits_output.next_token_logits, forward_batch.sampling_info, False)
+        probs = renorm_draft_probs(
+            logits_output.next_token_logits, forward_batch.sampling_info, False
+        )
         topk_p, topk_index = fast_topk(probs, width, dim=-1)
         forward_batch.positions.add_(1)
         if hot is not None:

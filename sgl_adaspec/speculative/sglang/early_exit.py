@@ -1,6 +1,6 @@
 """SGLang adapter of the verify pass's token-wise early exit (the math: `early_exit`).
 
-`worker.target_forward` opens an `ExitRun` around the target's verify forward; this module's
+`hooks.target_forward` opens an `ExitRun` around the target's verify forward; this module's
 AROUND hook on `LlamaModel.forward` then runs the layer stack in two parts: layers
 [0, exit_layer) over every verify row, the exit test on the intermediate logits, and the
 remaining layers over the surviving rows only. Rows leave through SGLang's own handoff of the
@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_adaspec.speculative.iteration import current_iteration
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan, exiting_rows, worth_exiting
+from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration
+from sgl_adaspec.speculative.sglang.runtime import warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +143,7 @@ def _exit_rows(model, run: ExitRun, hidden, positions, forward_batch):
     scope = current_iteration()
     survivors = run.row_node[keep]
     survivor_request = run.row_request[keep]
-    scope.verify_nodes = [
-        survivors[survivor_request == b] for b in range(len(scope.verify_nodes))
-    ]
+    scope.verify_nodes = [survivors[survivor_request == b] for b in range(len(scope.verify_nodes))]
     hidden = residual_batch.import_replay_handoff(handoff, forward_batch)
     run.test_ms = 1000 * (time.perf_counter() - start)
     return hidden, positions[keep]
@@ -164,3 +163,49 @@ def _test(model, run: ExitRun, stream: torch.Tensor) -> torch.Tensor:
     parent_logits = logits.new_zeros((run.row_token.numel(), logits.shape[1]))
     parent_logits[tested] = logits[parent_slot]
     return exiting_rows(run.row_token, run.row_parent, parent_logits, run.plan.topk)
+
+
+def plan_exit_run(worker, forward_batch, scope: Iteration) -> ExitRun | None:
+    """The early exit of this verify pass, or None (not asked for, not worth it by eq. 10, or
+    a setup the hook cannot split: logged once)."""
+    plan = scope.decision.early_exit
+    if plan is None:
+        return None
+    causal_lm = worker.model_runner.model
+    model = llama_stack(causal_lm)
+    if model is None or getattr(worker.model_runner, "tp_size", 1) != 1:
+        warn_once(
+            "sgl_adaspec: faser early exit needs a LlamaForCausalLM target of 2+ layers on one "
+            "GPU/CPU rank without pipeline stages or aux hidden-state capture; verifying in full"
+        )
+        return None
+    try:
+        return _build_exit_run(scope, causal_lm, model, plan, forward_batch)
+    except Exception:  # the exit is an optimisation: never fail a verify pass for it
+        logger.exception("sgl_adaspec: early-exit set-up failed; verifying in full")
+        return None
+
+
+def _build_exit_run(scope: Iteration, causal_lm, model, plan, forward_batch) -> ExitRun | None:
+    """The packed rows' tokens and tree links (see `ExitRun`), if eq. 10 says to test."""
+    keep = scope.keep
+    bs, ntok = keep.shape
+    parents = scope.parents  # [bs, ntok]; kept nodes' parents are kept too
+    flat_keep = keep.cpu().reshape(-1)
+    rows = flat_keep.nonzero().squeeze(1)
+    row_of = torch.full((bs * ntok,), -1, dtype=torch.long)
+    row_of[rows] = torch.arange(rows.numel())
+    request = torch.arange(bs).repeat_interleave(ntok)
+    parent_flat = (parents + request.view(bs, ntok) * ntok).reshape(-1)
+    row_parent = torch.where(parents.reshape(-1) >= 0, row_of[parent_flat.clamp(min=0)], -1)[rows]
+    if not should_test(model, plan, int((row_parent >= 0).sum())):
+        return None
+    device = forward_batch.input_ids.device
+    return ExitRun(
+        plan=plan,
+        head_weight=causal_lm.lm_head.weight[: model.vocab_size],
+        row_token=forward_batch.spec_info.draft_token.reshape(-1)[rows.to(device)].long(),
+        row_parent=row_parent.to(device),
+        row_request=request[rows].to(device),
+        row_node=(rows % ntok).to(device),
+    )

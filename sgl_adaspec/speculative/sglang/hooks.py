@@ -1,0 +1,305 @@
+"""SGLang adapter of the speculation policies: hooks around EAGLE v2's draft and verify.
+
+One speculative decode iteration of `EAGLEWorkerV2.forward_batch_generation`:
+1. the draft's beam search and SGLang's per-request rerank (`organize_draft_results`) produce
+   each request's candidate tree; the hook keeps the candidates' path probabilities f;
+2. before verification (`EAGLEWorkerV2.verify`) the policy selects, per request, which
+   candidates to verify; unselected nodes are cut out of the tree links, so the greedy or
+   sampling walk can only accept selected nodes;
+3. the target's verify forward (`TpModelWorker.forward_batch_generation`, is_verify) runs on the
+   selected nodes only (ragged: each request its own count) where the attention backend supports
+   it (the plugin's torch backend), and its outputs are scattered back to SGLang's [bs, ntok]
+   layout; elsewhere the full tree is verified and only acceptance is restricted;
+4. the iteration's wall time updates the policy's latency estimate.
+Per-request verified-token counts go to each response's meta_info (`adaspec_verified_tokens`,
+one entry per iteration) through SGLang's `customized_info`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from sgl_adaspec.speculative.policies.base import IterationInput, Outcome, PolicyBase, make_outcome
+from sgl_adaspec.speculative.sglang import request_state
+from sgl_adaspec.speculative.sglang.draft_tiers import run_draft, runs_tiers
+from sgl_adaspec.speculative.sglang.early_exit import exit_run, llama_model_forward, plan_exit_run
+from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration, iteration_scope
+from sgl_adaspec.speculative.sglang.runtime import (
+    add_internal_state,
+    current_policy,
+    runtime,
+    scheduler_started,
+    warn_once,
+)
+from sgl_adaspec.speculative.sglang.tree import (
+    candidates_from_verify_input,
+    prune_tree,
+    scatter_rows,
+    verify_tree_parents,
+)
+
+logger = logging.getLogger(__name__)
+
+VERIFIED_TOKENS_KEY = "adaspec_verified_tokens"
+
+
+def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs):
+    """AROUND `EAGLEWorkerV2.forward_batch_generation`: one iteration scope, timed, and the
+    policy's one `observe` of its outcome. A draft depth of 0 runs the iteration as a plain
+    decode through SGLang's own steps-0 path (`plain_decode`)."""
+    policy = current_policy()
+    if policy is None:
+        return original(worker, batch, *args, **kwargs)
+    clock = runtime().clock
+    if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+        clock.last_decode_end_s = None
+        return original(worker, batch, *args, **kwargs)
+    if batch.forward_mode.is_idle():
+        clock.last_decode_end_s = None
+        with iteration_scope():
+            return original(worker, batch, *args, **kwargs)
+    num_requests = len(batch.reqs)
+    request_state.track_requests(batch.reqs, policy)
+    start = clock.cycle_start(time.perf_counter())
+    with iteration_scope() as scope:
+        scope.draft_shape = policy.draft_shape(
+            num_requests, worker.speculative_num_steps, worker.topk
+        )
+        scope.plain = scope.draft_shape[0] == 0
+        if scope.plain:
+            with plain_decode(worker):
+                verify_start = time.perf_counter()
+                result = original(worker, batch, *args, **kwargs)
+                scope.verify_ms = 1000 * (time.perf_counter() - verify_start)
+                scope.accepted = result.accept_lens
+        else:
+            if not runtime().draft_tiers:
+                scope.draft_shape = None
+            result = original(worker, batch, *args, **kwargs)
+    end = time.perf_counter()
+    clock.last_decode_end_s = end
+    iteration_ms = 1000 * (end - start)
+    if scope.plain:
+        policy.stats.observe_plain(num_requests)
+    elif scope.draft_ran is not None:
+        depth, width = scope.draft_ran
+        policy.stats.observe_draft(depth, width, (depth - 1) * num_requests * width)
+    if scope.verify_ms is not None:
+        policy.observe(_outcome(batch, scope, iteration_ms))
+    return result
+
+
+@contextlib.contextmanager
+def plain_decode(worker):
+    """SGLang 0.5.23's steps-0 iteration: a one-node verify of each request's bonus token (a
+    plain decode through the verify graph) and, with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND,
+    no draft extend after it. The next speculative iteration then drafts from a cold state
+    (zeroed top-k and hidden state; its path probabilities are 0, so nothing of it is
+    verified) and the draft's KV cache lacks the skipped positions; both cost acceptance, not
+    correctness: the target still verifies every token."""
+    from sglang.srt.environ import envs
+
+    saved = (worker.speculative_num_steps, worker.speculative_num_draft_tokens)
+    worker.speculative_num_steps, worker.speculative_num_draft_tokens = 0, 1
+    try:
+        with envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.override(True):
+            yield
+    finally:
+        worker.speculative_num_steps, worker.speculative_num_draft_tokens = saved
+
+
+def _outcome(batch, scope: Iteration, iteration_ms: float) -> Outcome:
+    reqs = batch.reqs
+    context_tokens = sum(len(req.origin_input_ids) + len(req.output_ids) for req in reqs)
+    return make_outcome(
+        scope.policy_input,
+        scope.decision,
+        rids=tuple(req.rid for req in reqs),
+        context_tokens=context_tokens,
+        accepted=None if scope.accepted is None else scope.accepted.detach().cpu().long(),
+        verify_ms=scope.verify_ms,
+        iteration_ms=iteration_ms,
+        early_exit=scope.early_exit_counts,
+    )
+
+
+def draft_forward(original: Callable, draft_worker, forward_batch):
+    """AROUND `EagleDraftWorker.draft_forward`: the beam search at the policy's draft shape."""
+    scope = current_iteration()
+    if scope is None or forward_batch.forward_mode.is_idle():
+        return original(draft_worker, forward_batch)
+    tiered = runs_tiers(draft_worker, forward_batch)
+    shape = scope.draft_shape if tiered else None
+    scope.draft_ran = shape or (draft_worker.speculative_num_steps, draft_worker.topk)
+    return run_draft(original, draft_worker, forward_batch, shape)
+
+
+def organize_draft_results(original: Callable, score_list, token_list, parents_list, num_draft):
+    """AROUND `eagle_utils.organize_draft_results`: keep the chosen nodes' path probabilities."""
+    parent_list, top_scores_index, draft_tokens = original(
+        score_list, token_list, parents_list, num_draft
+    )
+    scope = current_iteration()
+    if scope is not None:
+        scores = torch.cat(score_list, dim=1).flatten(1)  # [bs, all expanded nodes]
+        scope.path_prob = torch.gather(scores, 1, top_scores_index)
+    return parent_list, top_scores_index, draft_tokens
+
+
+def verify(original: Callable, worker, batch, *args, **kwargs):
+    """AROUND `EAGLEWorkerV2.verify`: decide, prune the tree, verify; the outcome goes to the
+    iteration scope (observed once by `forward_batch_generation`)."""
+    policy = current_policy()
+    scope = current_iteration()
+    if (
+        policy is None
+        or scope is None
+        or scope.plain
+        or scope.path_prob is None
+        or batch.forward_mode.is_idle()
+    ):
+        return original(worker, batch, *args, **kwargs)
+    verify_input = batch.spec_info
+    # The draft tree's parent links, walked once: the candidates, the pruning and the early
+    # exit all read them (pruning only unlinks nodes, so kept nodes keep these parents).
+    scope.parents = verify_tree_parents(verify_input)
+    try:
+        it = iteration_input(worker, batch, policy, scope)
+        decision = policy.decide(it)
+        for req, hopeless in zip(batch.reqs, decision.infeasible.tolist()):
+            req._adaspec_state.infeasible |= hopeless
+    except Exception:  # the policy must never take the server down: verify the full tree
+        logger.exception("sgl_adaspec: policy decision failed; verifying the full tree")
+        return original(worker, batch, *args, **kwargs)
+    selection = decision.selection
+    keep = torch.ones(
+        (it.cands.num_requests, it.cands.num_nodes + 1),
+        dtype=torch.bool,
+        device=it.cands.tokens.device,
+    )
+    keep[:, 1:] = selection.mask
+    prune_tree(verify_input, keep, scope.parents)
+    scope.policy_input, scope.decision, scope.keep = it, decision, keep
+    start = time.perf_counter()
+    result = original(worker, batch, *args, **kwargs)
+    scope.verify_ms = 1000 * (time.perf_counter() - start)
+    scope.accepted = result.accept_lens
+    logits_output = result.logits_output
+    if logits_output is not None:
+        info = logits_output.customized_info or {}
+        info[VERIFIED_TOKENS_KEY] = (selection.counts + 1).tolist()
+        logits_output.customized_info = info
+    return result
+
+
+def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> IterationInput:
+    """What the policy sees of this iteration (see `IterationInput`)."""
+    reqs = batch.reqs
+    spec_info = batch.spec_info
+    cands = candidates_from_verify_input(spec_info, scope.path_prob, scope.parents)
+    depth, width = scope.draft_ran or (worker.speculative_num_steps, worker.topk)
+    slo = request_state.slo_batch(reqs, policy, policy.baseline_tpot_ms())
+    return IterationInput(
+        cands=cands,
+        slo=slo,
+        rids=tuple(req.rid for req in reqs),
+        context_lens=torch.tensor(
+            [len(req.origin_input_ids) + len(req.output_ids) for req in reqs], dtype=torch.long
+        ),
+        draft_steps=depth,
+        draft_topk=width,
+        history=(
+            tuple(list(req.origin_input_ids) + list(req.output_ids) for req in reqs)
+            if policy.needs_history
+            else None
+        ),
+    )
+
+
+def target_forward(original: Callable, worker, batch=None, forward_batch=None, *args, **kwargs):
+    """AROUND `TpModelWorker.forward_batch_generation`: ragged verify of the kept nodes, with
+    the policy's early exit (`sglang.early_exit`) where it asked for one and the model supports it."""
+    scope = current_iteration()
+    keep = scope.keep if scope is not None else None
+    if not kwargs.get("is_verify", False) or keep is None:
+        return original(worker, batch, forward_batch, *args, **kwargs)
+    spec_info = forward_batch.spec_info
+    if not _backend_runs_ragged_verify(worker):
+        if scope.decision.early_exit is not None:
+            warn_once(
+                "sgl_adaspec: faser early exit runs on the plugin's torch attention backend "
+                "(the CPU recipe) only; verifying in full"
+            )
+        return original(worker, batch, forward_batch, *args, **kwargs)
+    run = plan_exit_run(worker, forward_batch, scope)
+    if run is None and bool(keep.all()):
+        return original(worker, batch, forward_batch, *args, **kwargs)
+    rows = keep.reshape(-1).nonzero().squeeze(1)  # [kept] rows of the [bs * ntok] layout
+    full = {
+        name: getattr(forward_batch, name) for name in ("input_ids", "positions", "out_cache_loc")
+    }
+    for name, value in full.items():
+        setattr(forward_batch, name, value[rows])
+    scope.verify_nodes = [row.nonzero().squeeze(1) for row in keep]
+    try:
+        with exit_run(run):
+            result = original(worker, batch, forward_batch, *args, **kwargs)
+    finally:
+        for name, value in full.items():
+            setattr(forward_batch, name, value)
+        scope.verify_nodes = None
+    if run is not None and run.exited is not None:
+        scope.early_exit_counts = (run.tested, int(run.exited.sum()), run.test_ms)
+        if bool(run.exited.any()):
+            # Exited nodes leave the tree: acceptance stops at their parents (lossless).
+            rows = rows[~run.exited]
+            keep = torch.zeros_like(keep).view(-1).index_fill_(0, rows, True).view(keep.shape)
+            prune_tree(spec_info, keep, scope.parents)
+    scatter_rows(result.logits_output, rows, keep.numel())
+    return result
+
+
+def _backend_runs_ragged_verify(worker) -> bool:
+    from sgl_adaspec.platform.cpu.attention import TorchTreeAttnBackend
+
+    return isinstance(worker.model_runner.attn_backend, TorchTreeAttnBackend)
+
+
+def register(registry, hook_type) -> None:
+    around = hook_type.AROUND
+    registry.register(
+        "sglang.srt.managers.schedule_batch.Req.update_finish_state",
+        request_state.request_finished,
+        hook_type.AFTER,
+    )
+    registry.register(
+        "sglang.srt.managers.scheduler_components.internal_state."
+        "SchedulerInternalStateController._add_speculative",
+        add_internal_state,
+        hook_type.AFTER,
+    )
+    worker = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
+    registry.register(
+        "sglang.srt.managers.scheduler.Scheduler.__init__", scheduler_started, hook_type.AFTER
+    )
+    registry.register(f"{worker}.forward_batch_generation", forward_batch_generation, around)
+    registry.register(f"{worker}.verify", verify, around)
+    registry.register(
+        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward",
+        draft_forward,
+        around,
+    )
+    registry.register(
+        "sglang.srt.speculative.eagle_utils.organize_draft_results", organize_draft_results, around
+    )
+    registry.register(
+        "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",
+        target_forward,
+        around,
+    )
+    registry.register("sglang.srt.models.llama.LlamaModel.forward", llama_model_forward, around)

@@ -1,0 +1,81 @@
+"""Per-request SLO bookkeeping on SGLang's `Req`: the SLO clock attached at a request's first
+decode iteration (`_adaspec_state`), the batch's SLO state for the policy, the finished
+request's report to the statistics."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from sgl_adaspec.scheduler.request_slo import RequestSlo
+from sgl_adaspec.scheduler.sglang_adapter import request_slo
+from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.policies.base import PolicyBase
+
+
+@dataclass
+class RequestState:
+    """Per-request SLO bookkeeping, attached to SGLang's Req (it lives as long as the request).
+    `policy` is the process's policy: the request reports itself to its statistics when it
+    finishes, and the policy forgets its per-request state."""
+
+    slo: RequestSlo
+    decode_start_s: float
+    tokens_at_start: int
+    policy: PolicyBase
+    reported: bool = False
+    # Set once its SLO was found unreachable even alone; it is then served best effort.
+    infeasible: bool = False
+
+    @property
+    def stats(self):
+        return self.policy.stats
+
+    def tpot_ms(self, tokens_out: int, now_s: float) -> float | None:
+        decoded = tokens_out - self.tokens_at_start
+        return 1000 * (now_s - self.decode_start_s) / decoded if decoded > 0 else None
+
+
+def track_requests(reqs, policy: PolicyBase) -> None:
+    """Attach SLO bookkeeping to requests decoding for the first time, in every decode
+    iteration, speculative or plain: a request's clock starts at its first decode iteration,
+    and one served without speculation still reports its TPOT when it finishes."""
+    now = time.perf_counter()
+    for req in reqs:
+        if getattr(req, "_adaspec_state", None) is None:
+            req._adaspec_state = RequestState(request_slo(req), now, len(req.output_ids), policy)
+
+
+def slo_batch(reqs, policy: PolicyBase, baseline_tpot_ms: float | None) -> SloBatch:
+    """The running requests' SLO state (see `track_requests`). Classes relative to the
+    baseline TPOT resolve with `baseline_tpot_ms` (best effort while it is unknown)."""
+    track_requests(reqs, policy)
+    now = time.perf_counter()
+    tpot, elapsed, tokens = [], [], []
+    for req in reqs:
+        state = req._adaspec_state
+        target_ms = state.slo.resolve_ms(baseline_tpot_ms)
+        tpot.append(target_ms if target_ms is not None else math.nan)
+        elapsed.append(1000 * (now - state.decode_start_s))
+        tokens.append(len(req.output_ids) - state.tokens_at_start)
+    return SloBatch(
+        tpot_slo_ms=torch.tensor(tpot, dtype=torch.float64),
+        decode_elapsed_ms=torch.tensor(elapsed, dtype=torch.float64),
+        tokens_out=torch.tensor(tokens, dtype=torch.float64),
+    )
+
+
+def request_finished(_result, req, *args, **kwargs) -> None:
+    """AFTER `Req.update_finish_state`: a finished request reports its TPOT against its SLO."""
+    state = getattr(req, "_adaspec_state", None)
+    if state is None or state.reported or not req.finished():
+        return
+    state.reported = True
+    state.policy.forget(req.rid)
+    tpot_ms = state.tpot_ms(len(req.output_ids), time.perf_counter())
+    if tpot_ms is not None:
+        target_ms = state.slo.resolve_ms(state.stats.baseline_tpot_ms)
+        state.stats.observe_finished(state.slo.slo_class, tpot_ms, target_ms, state.infeasible)

@@ -1,0 +1,151 @@
+"""The plugin's state in one scheduler process: built once when the scheduler starts, read by
+every hook through `runtime()` / `current_policy()`; `/server_info` reports it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from sgl_adaspec.config import AdaspecConfig
+from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, knee_budget
+from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
+from sgl_adaspec.speculative.policies import build_policy
+from sgl_adaspec.speculative.policies.base import PolicyBase
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopClock:
+    """When the last decode iteration of this scheduler ended (None: the last forward was not
+    a decode iteration). An iteration's cost includes the scheduler's work between it and the
+    previous one (processing that result, preparing this batch): per token it is a large
+    share of a small model's plain decode, and a policy weighing plain against speculative
+    iterations must see it."""
+
+    last_decode_end_s: float | None = None
+
+    def cycle_start(self, forward_start_s: float) -> float:
+        """Where the iteration starting its forward at `forward_start_s` began."""
+        last = self.last_decode_end_s
+        return forward_start_s if last is None else min(last, forward_start_s)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The plugin's state in one scheduler process, built once when the scheduler starts
+    (`scheduler_started`): the parsed flags, the policy (None for `static` or without an EAGLE
+    v2 worker), the verify cost profile it was seeded with, and whether draft tiers run."""
+
+    config: AdaspecConfig
+    policy: PolicyBase | None = None
+    cost_profile: VerifyCostProfile | None = None
+    draft_tiers: bool = False
+    clock: LoopClock = field(default_factory=LoopClock)
+
+
+_RUNTIME: Runtime | None = None
+
+
+def runtime() -> Runtime | None:
+    """This process's runtime, or None before the scheduler started (or outside one)."""
+    return _RUNTIME
+
+
+def build_runtime(config: AdaspecConfig, draft_worker) -> Runtime:
+    """The policy, seeded with the verify cost profile measured on `draft_worker`'s target."""
+    if config.spec_policy == "static" or draft_worker is None:
+        return Runtime(config)
+    # Every policy gets the verify cost profile: it seeds the latency model they plan with,
+    # and adaserve's knee rule takes its budget there unless --adaserve-budget is set.
+    profile = profile_verify_cost(draft_worker)
+    budget = knee_budget(profile) if profile is not None else None
+    policy = build_policy(config, budget)
+    if profile is not None:
+        # The dummy verify forward runs at a short context; seed with context 0.
+        policy.verify_latency.seed(
+            [((tokens, 0), ms) for tokens, ms in zip(profile.tokens, profile.latency_ms)]
+        )
+    policy.stats.cost_profile = profile.as_dict() if profile is not None else None
+    if metrics_enabled():
+        policy.stats.sinks.append(PrometheusSink())
+    logger.info(
+        "sgl_adaspec: %s policy: %s; verify cost profile %s",
+        config.spec_policy,
+        getattr(policy, "config", policy),
+        policy.stats.cost_profile or "not available",
+    )
+    return Runtime(config, policy, profile, config.draft_tiers == "on")
+
+
+def profile_verify_cost(worker, repeats: int = 3) -> VerifyCostProfile | None:
+    """Time the target's verify pass (SGLang's own dummy TARGET_VERIFY forward) for batch sizes
+    1, 2, 4, ... up to the running-request limit, i.e. bs * num_draft_tokens verified tokens.
+    Returns None (and logs why) if this SGLang build cannot run the dummy forward."""
+    try:
+        model_runner = worker.target_worker.model_runner
+        runner = model_runner.eager_runner
+        ntok = model_runner.decode_num_tokens_per_req()
+        max_bs = runner._eager_max_bs
+        buffers = runner._alloc_dummy_decode_buffers(max_bs, num_tokens_per_req=ntok)
+        sizes = sorted({min(2**i, max_bs) for i in range(max_bs.bit_length() + 1)})
+        if len(sizes) < 2:
+            logger.info("sgl_adaspec: one running request at most; no verify cost profile")
+            return None
+        latency = []
+        for bs in sizes:
+            runner._dummy_run(batch_size=bs, buffers=buffers)  # warm-up
+            runs = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                runner._dummy_run(batch_size=bs, buffers=buffers)
+                runs.append(1000 * (time.perf_counter() - start))
+            latency.append(sorted(runs)[len(runs) // 2])
+        return VerifyCostProfile(tuple(bs * ntok for bs in sizes), tuple(latency))
+    except Exception:  # a profiling failure must not stop the server: no budget instead
+        logger.exception("sgl_adaspec: verify cost profiling failed; policies run without it")
+        return None
+
+
+def scheduler_started(_result, scheduler, *args, **kwargs) -> None:
+    """AFTER `Scheduler.__init__`, the plugin's one hook there: read the flags once and build
+    the runtime (policy, cost profile) before serving, once the target's model runner is
+    complete."""
+    global _RUNTIME
+    config = AdaspecConfig.from_env()
+    logger.info("sgl_adaspec: scheduler uses spec policy %s (%s)", config.spec_policy, config)
+    draft_worker = getattr(scheduler, "draft_worker", None)
+    if draft_worker is None or not hasattr(draft_worker, "target_worker"):
+        draft_worker = None
+    _RUNTIME = build_runtime(config, draft_worker)
+
+
+def current_policy() -> PolicyBase | None:
+    """The process's policy, or None (static, no EAGLE v2 worker, or before start-up)."""
+    return _RUNTIME.policy if _RUNTIME is not None else None
+
+
+def add_internal_state(_result, controller, state: dict) -> None:
+    """AFTER `SchedulerInternalStateController._add_speculative`: `/server_info` shows the
+    policy's state under internal_states[i]["adaspec"]."""
+    state_of = runtime()
+    policy = current_policy()
+    config = state_of.config if state_of is not None else AdaspecConfig.from_env()
+    pool_stats = controller.scheduler.pool_stats_observer.get_pool_stats()
+    state["adaspec"] = {
+        "spec_policy": config.spec_policy,
+        "stats": policy.stats.as_dict() if policy is not None else None,
+        # KV slots held by requests now (radix-cached, evictable prefixes excluded), computed
+        # on each call unlike the periodically published `sglang:num_used_tokens`.
+        "kv_tokens_used": int(pool_stats.full_num_used),
+    }
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning(message)
