@@ -27,10 +27,10 @@ import requests
 import yaml
 
 from sgl_adaspec.models.smollm2 import prepare_smollm2
-from sgl_adaspec.testing.client import stream_generate
-from sgl_adaspec.testing.models import ensure_models
+from sgl_adaspec.local_server.client import stream_generate
+from sgl_adaspec.models.tiny import ensure_models
 from sgl_adaspec.speculative.sglang.hooks import VERIFIED_TOKENS_KEY
-from sgl_adaspec.testing.server import Server, eagle_flags
+from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2_DRAFT = REPO / "models" / "smollm2-135m-eagle"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_adaspec.testing.models import TinyModels, ensure_models
+from sgl_adaspec.models.tiny import TinyModels, ensure_models
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from sgl_adaspec.testing.models import (
+from sgl_adaspec.models.tiny import (
     BUILD_VERSION,
     EOS_ID,
     MARKER_NAME,

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from sgl_adaspec.testing.client import generate
-from sgl_adaspec.testing.server import Server
+from sgl_adaspec.local_server.client import generate
+from sgl_adaspec.local_server.launch import Server
 
 
 def builtin_prompts(count: int) -> list[str]:

@@ -136,7 +136,7 @@ def _labelled_url(text: str) -> tuple[str, str]:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     model, draft = args.model, args.draft_model
     if args.policies and model is None:
-        from sgl_adaspec.testing.models import ensure_models  # builds them offline, seconds
+        from sgl_adaspec.models.tiny import ensure_models  # builds them offline, seconds
 
         tiny = ensure_models()
         model, draft = tiny.target, draft or tiny.eagle_draft

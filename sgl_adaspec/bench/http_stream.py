@@ -1,6 +1,6 @@
 """One streamed request to an SGLang server with asyncio, timing every token chunk.
 
-The concurrent counterpart of `sgl_adaspec.testing.client.stream_generate` (which is
+The concurrent counterpart of `sgl_adaspec.local_server.client.stream_generate` (which is
 synchronous and sends one request at a time): an open-loop replay keeps many requests in flight
 on one event loop. Two APIs:
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sgl_adaspec.speculative.policies import SHAPING_POLICIES
-from sgl_adaspec.testing.server import eagle_flags
+from sgl_adaspec.local_server.launch import eagle_flags
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from sgl_adaspec.bench.server_probe import (
 )
 from sgl_adaspec.bench.workloads import Workload, WorkloadSpec, build_workload
 from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
-from sgl_adaspec.testing.server import CPU_FLAGS, Server
+from sgl_adaspec.local_server.launch import CPU_FLAGS, Server
 
 RunStatus = Literal["ok", "unavailable", "failed"]
 BASELINE_POLICY = NO_SPECULATION
@@ -53,7 +53,7 @@ class ServerSettings:
 
     model: Path | None = None
     draft_model: Path | None = None
-    device: Literal["cpu", "cuda"] = "cpu"  # cpu: the CPU recipe of sgl_adaspec.testing.server
+    device: Literal["cpu", "cuda"] = "cpu"  # cpu: the CPU recipe of sgl_adaspec.local_server.launch
     shape: SpecShape = SpecShape()
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 600.0

@@ -9,7 +9,7 @@ import time
 
 import requests
 
-from sgl_adaspec.testing.client import stream_generate
+from sgl_adaspec.local_server.client import stream_generate
 
 WARMUP_TOKENS = 4
 INFO_TIMEOUT_S = 60.0

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sgl_adaspec.data import SPEC_BENCH_QUESTIONS
-from sgl_adaspec.testing.server import CPU_FLAGS, Server, eagle_flags
+from sgl_adaspec.local_server.launch import CPU_FLAGS, Server, eagle_flags
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = ("random-ids", "spec-bench")

@@ -45,7 +45,7 @@ HELDOUT_EVERY = 6
 
 
 def data_cache_dir() -> Path:
-    from sgl_adaspec.testing.models import default_cache_dir
+    from sgl_adaspec.models.tiny import default_cache_dir
 
     return default_cache_dir().parent / "data"
 

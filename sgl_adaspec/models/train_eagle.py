@@ -50,7 +50,7 @@ from sgl_adaspec.models.eagle_data import (
 )
 from sgl_adaspec.models.eagle_draft import WEIGHTS_FILE, DraftShape, EagleDraft, export_draft
 from sgl_adaspec.models.smollm2 import prepare_smollm2
-from sgl_adaspec.testing.models import default_cache_dir
+from sgl_adaspec.models.tiny import default_cache_dir
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_EXPORT = REPO / "models" / "smollm2-135m-eagle"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from sgl_adaspec.config import ConfigError
+from sgl_adaspec.flags import ConfigError
 
 BEST_EFFORT = "best_effort"
 # A TPOT above this is not a latency objective (one token per minute): a typo, most likely.

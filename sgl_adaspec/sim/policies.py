@@ -19,17 +19,16 @@ selection itself is the server's code: `select_static` for SGLang's EAGLE-2 tree
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from sgl_adaspec.config import AdaspecConfig
-
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.sim.trees import SampledTrees
-from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies import SHAPING_POLICIES, build_policy
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
@@ -282,14 +281,14 @@ class ServerPolicy:
 def adaserve_sim(config: AdaserveConfig, name: str = "adaserve", planned: bool = True):
     """adaserve over the whole drafted tree of the configured maximum shape (D_max x W_max)."""
     tree = config.tree
-    return ServerPolicy(
-        AdaservePolicy(config), name, tree.max_depth, tree.max_width, None, planned
-    )
+    return ServerPolicy(AdaservePolicy(config), name, tree.max_depth, tree.max_width, None, planned)
 
 
-# The other seed systems, run through `ServerPolicy`.
+# The simulator's baselines, then the plugin's policies from the registry (adaserve through
+# `adaserve_sim`, the other seed systems through `ServerPolicy`).
+BASELINE_POLICY_NAMES = ("none", "static", "sglang-adaptive")
 SERVER_POLICY_NAMES = tuple(name for name in SHAPING_POLICIES if name != "adaserve")
-POLICY_NAMES = ("none", "static", "sglang-adaptive", "adaserve") + SERVER_POLICY_NAMES
+POLICY_NAMES = BASELINE_POLICY_NAMES + SHAPING_POLICIES
 # Not in the default sweep: adaserve whose draft always runs the configured maximum shape
 # (D_max x W_max) and only selection adapts, as the server does with --draft-tiers off; adaserve
 # with the paper's knee budget and eq. 8 depth instead of the cost rule.
@@ -300,12 +299,8 @@ def adaserve_config(budget: int, baseline_tpot_ms: float, rule: str = "cost") ->
     """The simulator's adaserve settings, as the server builds them: the knee `budget` is B
     under the knee rule (the cost rule sizes B itself), the depth rule's B1 = the knee
     (AdaptiveTreeConfig's advice), the baseline TPOT of the latency model."""
-    return AdaserveConfig(
-        budget=budget if rule == "knee" else None,
-        baseline_tpot_ms=baseline_tpot_ms,
-        budget_rule=rule,
-        tree=AdaptiveTreeConfig(verify_tokens_per_step=budget),
-    )
+    config = AdaserveConfig(baseline_tpot_ms=baseline_tpot_ms, budget_rule=rule)
+    return config.with_profile_budget(budget)
 
 
 def make_policy(name: str, budget: int, baseline_tpot_ms: float) -> SimPolicy:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sgl_adaspec.testing.server import Server, eagle_flags
+from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 
 def start(tmp_path_factory, name: str, model: Path, *extra: str) -> Server:

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from sgl_adaspec.testing.server import eagle_flags
+from sgl_adaspec.local_server.launch import eagle_flags
 
 from .conftest import start
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from sgl_adaspec.testing.server import Server, eagle_flags, standalone_flags
+from sgl_adaspec.local_server.launch import Server, eagle_flags, standalone_flags
 
 from .conftest import start
 

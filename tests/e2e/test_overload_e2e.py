@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sgl_adaspec.testing.burst import burst, kv_tokens_used
+from sgl_adaspec.local_server.burst import burst, kv_tokens_used
 
 from .conftest import start
 

@@ -14,8 +14,8 @@ import concurrent.futures
 import pytest
 import requests
 
-from sgl_adaspec.testing import client
-from sgl_adaspec.testing.server import eagle_flags
+from sgl_adaspec.local_server import client
+from sgl_adaspec.local_server.launch import eagle_flags
 
 from .conftest import start
 

@@ -15,7 +15,7 @@ from sgl_adaspec.bench.sglang_serving import (
     ServingBench, bench_command, last_result, spec_bench_sharegpt,
 )  # fmt: skip
 from sgl_adaspec.data import SPEC_BENCH_QUESTIONS
-from sgl_adaspec.testing.server import eagle_flags
+from sgl_adaspec.local_server.launch import eagle_flags
 
 from .conftest import start
 

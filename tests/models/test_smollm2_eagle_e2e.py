@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from sgl_adaspec.models.smollm2 import prepare_smollm2
-from sgl_adaspec.testing.server import Server, eagle_flags
+from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFT = REPO / "models" / "smollm2-135m-eagle"

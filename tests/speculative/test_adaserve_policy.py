@@ -134,14 +134,16 @@ def test_server_policy_takes_b1_from_the_verify_budget_unless_set():
     from sgl_adaspec.config import AdaspecConfig
     from sgl_adaspec.speculative.policies import build_policy
 
-    knee = build_policy(AdaspecConfig(spec_policy="adaserve"), budget=48)
+    knee = build_policy(AdaspecConfig.of(spec_policy="adaserve"), budget=48)
     assert knee.config.tree.verify_tokens_per_step == 48
     flag = build_policy(
-        AdaspecConfig(spec_policy="adaserve", adaserve_budget=32, adaserve_draft_tokens_per_step=8)
+        AdaspecConfig.of(
+            spec_policy="adaserve", adaserve_budget=32, adaserve_draft_tokens_per_step=8
+        )
     )
     assert (flag.config.tree.verify_tokens_per_step, flag.config.tree.draft_tokens_per_step) == (32, 8)
     own = build_policy(
-        AdaspecConfig(
+        AdaspecConfig.of(
             spec_policy="adaserve", adaserve_budget_rule="knee", adaserve_verify_tokens_per_step=20
         ),
         budget=48,

@@ -20,7 +20,7 @@ from sgl_adaspec.speculative.policies.adaspec import (
     infeasible_requests,
 )
 from sgl_adaspec.speculative.policies.base import IterationInput
-from sgl_adaspec.testing.policy_inputs import iteration_input
+from policy_inputs import iteration_input
 
 INF = math.inf
 

@@ -134,7 +134,7 @@ def test_chain_policies_draft_one_beam_and_tree_policies_keep_their_width():
     from sgl_adaspec.speculative.policies import build_policy
 
     def shape(name: str, **flags) -> tuple[int, int]:
-        return build_policy(AdaspecConfig(spec_policy=name, **flags)).draft_shape(3, 5, 4)
+        return build_policy(AdaspecConfig.of(spec_policy=name, **flags)).draft_shape(3, 5, 4)
 
     assert shape("adaspec") == (5, 1)
     assert shape("tetris") == (5, 1)

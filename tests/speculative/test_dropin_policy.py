@@ -8,7 +8,7 @@ import torch
 
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.base import IterationInput
-from sgl_adaspec.testing.policy_inputs import iteration_input
+from policy_inputs import iteration_input
 from sgl_adaspec.speculative.policies.dropin import (
     DropinConfig,
     DropinPolicy,

@@ -22,7 +22,7 @@ BATCH_SIZE = 8
 
 
 def calibration_cache_dir() -> Path:
-    from sgl_adaspec.testing.models import default_cache_dir
+    from sgl_adaspec.models.tiny import default_cache_dir
 
     return default_cache_dir().parent / "calibration"
 

@@ -1,12 +1,15 @@
 """The registry of speculation policies selectable with `--spec-policy`.
 
-One place lists every policy; later policies add a `PolicySpec` here. Policy implementations are
-imported lazily so that parsing flags never imports torch.
+One place lists every policy; later policies add a `PolicySpec` here. A policy's flags are the
+`flags.flag` fields of its config dataclass (options `--<name>-<field>`), from which the CLI, the
+checks and the config carrier are derived. Policy implementations are imported lazily, so that
+the registry itself imports nothing heavy.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass
 
 
@@ -18,6 +21,24 @@ class PolicySpec:
     needs_speculation: bool
     # Whether SLO-aware admission (`scheduler/admission.py`) is on unless --slo-admission says.
     slo_admission_by_default: bool = False
+    # The policy's config dataclass (its flags) and the policy, built as Policy(Config(...)):
+    # "module:Class" in this package (imported when first asked for), or the class. None: a
+    # policy without an implementation here (static).
+    config: str | type | None = None
+    policy: str | type | None = None
+
+    def config_class(self) -> type | None:
+        return _load(self.config)
+
+    def policy_class(self) -> type | None:
+        return _load(self.policy)
+
+
+def _load(path: str | type | None) -> type | None:
+    if path is None or isinstance(path, type):
+        return path
+    module, name = path.split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -29,29 +50,39 @@ POLICIES: dict[str, PolicySpec] = {
             "SLO-customized draft trees plus a throughput-optimized global top-k under a budget",
             needs_speculation=True,
             slo_admission_by_default=True,
+            config="adaserve:AdaserveConfig",
+            policy="adaserve:AdaservePolicy",
         ),
         PolicySpec(
             "adaspec",
             "AdaSpec: per-request draft lengths from a fitted latency model and draft confidence, "
             "tail tokens dropped while estimated goodput improves, each request's TPOT SLO checked",
             needs_speculation=True,
+            config="adaspec:AdaspecPolicyConfig",
+            policy="adaspec:AdaspecPolicy",
         ),
         PolicySpec(
             "tetris",
             "TETRIS: the batch-wide most probable draft tokens up to a verify capacity, with extra "
             "draft tokens per request",
             needs_speculation=True,
+            config="tetris:TetrisConfig",
+            policy="tetris:TetrisPolicy",
         ),
         PolicySpec(
             "faser",
             "FASER: per-request speculative length minimizing cost per committed token (GP-LCB)",
             needs_speculation=True,
+            config="faser:FaserConfig",
+            policy="faser:FaserPolicy",
         ),
         PolicySpec(
             "dropin",
             "drop-in adaptation: per-request window from an MLE acceptance estimate (or FSM / "
             "cache-FSM variants)",
             needs_speculation=True,
+            config="dropin:DropinConfig",
+            policy="dropin:DropinPolicy",
         ),
     )
 }
@@ -79,73 +110,18 @@ def get_policy_spec(name: str) -> PolicySpec:
 
 
 def build_policy(config, budget: int | None = None):
-    """The policy object `config.spec_policy` names (None for `static`), with the plugin flags
-    applied. `budget`: adaserve's verify budget when the flag left it to the start-up profile."""
-    name = config.spec_policy
-    common = {"baseline_tpot_ms": config.baseline_tpot_ms}
-    if name == "static":
+    """The policy object `config.spec_policy` names (None for `static`): its config
+    (`config.policy_config`, the flags) with --baseline-tpot-ms applied, completed by the
+    config's `with_profile_budget(budget)` where it has one (adaserve: `budget` is the verify
+    budget of the start-up profile, for what the flags left to it)."""
+    spec = get_policy_spec(config.spec_policy)
+    policy_class = spec.policy_class()
+    if policy_class is None:
         return None
-    if name == "adaserve":
-        from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
-        from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
-
-        rule = config.adaserve_budget_rule
-        # The knee rule takes the profile's knee; the cost rule sizes B itself (a flag caps it).
-        knee = budget if config.adaserve_budget is None else config.adaserve_budget
-        budget = knee if rule == "knee" or config.adaserve_budget is not None else None
-        # B1 is the verifier's tokens per step: the knee (or the flag's B) unless set on its own.
-        verify_tokens = config.adaserve_verify_tokens_per_step or knee
-        tree = AdaptiveTreeConfig(draft_tokens_per_step=config.adaserve_draft_tokens_per_step)
-        if verify_tokens is not None:
-            tree = dataclasses.replace(tree, verify_tokens_per_step=verify_tokens)
-        return AdaservePolicy(
-            AdaserveConfig(
-                budget=budget,
-                max_nodes_per_request=config.adaserve_max_nodes_per_request,
-                budget_rule=rule,
-                tree=tree,
-                **common,
-            )
-        )
-    if name == "adaspec":
-        from sgl_adaspec.speculative.policies.adaspec import AdaspecPolicy, AdaspecPolicyConfig
-
-        return AdaspecPolicy(AdaspecPolicyConfig(min_depth=config.adaspec_min_depth, **common))
-    if name == "tetris":
-        from sgl_adaspec.speculative.policies.tetris import TetrisConfig, TetrisPolicy
-
-        return TetrisPolicy(
-            TetrisConfig(
-                extra=config.tetris_extra,
-                turn_on_batch_size=config.tetris_turn_on_batch_size,
-                **common,
-            )
-        )
-    if name == "faser":
-        from sgl_adaspec.speculative.policies.faser import FaserConfig, FaserPolicy
-
-        return FaserPolicy(
-            FaserConfig(
-                lengths=config.faser_length_set,
-                window=config.faser_window,
-                early_exit=config.faser_early_exit,
-                exit_layer=config.faser_exit_layer,
-                exit_topk=config.faser_exit_topk,
-                **common,
-            )
-        )
-    if name == "dropin":
-        from sgl_adaspec.speculative.policies.dropin import (
-            DropinConfig,
-            DropinPolicy,
-            DropinVariant,
-        )
-
-        return DropinPolicy(
-            DropinConfig(
-                variant=DropinVariant(config.dropin_variant),
-                history=config.dropin_history,
-                **common,
-            )
-        )
-    raise KeyError(f"no policy implementation for {name!r}")
+    policy_config = dataclasses.replace(
+        config.policy_config, baseline_tpot_ms=config.baseline_tpot_ms
+    )
+    complete = getattr(policy_config, "with_profile_budget", None)
+    if complete is not None:
+        policy_config = complete(budget)
+    return policy_class(policy_config)

@@ -1,6 +1,6 @@
 """The adaserve policy: per iteration, which of each request's candidate nodes to verify.
 
-Pure (tensors and dataclasses, no SGLang): the SGLang adapter (`speculative/worker.py`) hands it
+Pure (tensors and dataclasses, no SGLang): the SGLang adapter (`speculative/sglang/`) hands it
 the candidate trees SGLang's EAGLE draft built and the batch's SLO state, and gets a selection.
 State kept across iterations: the smoothed iteration latency t_spec, which A(r) needs, and what
 the cost model learned (`cost_rule`).
@@ -18,11 +18,13 @@ Two budget rules (`AdaserveConfig.budget_rule`):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import torch
 
+from sgl_adaspec.flags import check_flags, flag
 from sgl_adaspec.scheduler.slo import SloBatch, required_tokens
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, tree_shape
 from sgl_adaspec.speculative.candidates import Candidates
@@ -36,19 +38,57 @@ from sgl_adaspec.speculative.policies.base import (
 from sgl_adaspec.speculative.selection import Selection, select_adaserve
 from sgl_adaspec.speculative.shapes import restrict_to_shape
 
+BUDGET_RULES = ("cost", "knee")
+
 
 @dataclass(frozen=True)
 class AdaserveConfig:
     """budget: verified tokens per iteration, roots included (None: every candidate, i.e. no
-    budget pressure); max_nodes_per_request: n_max of the SLO phase (None: all candidates);
-    latency_smoothing: weight of the newest measurement in the t_spec moving average."""
+    budget pressure; the server's knee rule fills in the start-up profile's knee,
+    `with_profile_budget`); max_nodes_per_request: n_max of the SLO phase (None: all
+    candidates); verify_tokens_per_step / draft_tokens_per_step: B1 / B2 of eq. 8-9, where set
+    they replace `tree`'s; latency_smoothing: weight of the newest measurement in the t_spec
+    moving average."""
 
-    budget: int | None = None
-    max_nodes_per_request: int | None = None
+    budget: int | None = flag(
+        None,
+        "adaserve: tokens verified per iteration across the batch, one root per request "
+        "included (default: no budget, every candidate may be verified).",
+        metavar="B",
+        minimum=1,
+    )
+    max_nodes_per_request: int | None = flag(
+        None,
+        "adaserve: n_max, the most draft nodes the SLO-customized phase gives one request "
+        "(default: all of its candidates).",
+        metavar="N",
+        minimum=0,
+    )
     latency_smoothing: float = 0.3
     # "cost": B, d and speculation itself from the cost model (budget, if set, caps B);
     # "knee": B = budget (the start-up profile's knee), (d, w) from eq. 8-9.
-    budget_rule: str = "cost"
+    budget_rule: str = flag(
+        "cost",
+        "adaserve: cost (default) sizes speculation by its measured cost and calibrated "
+        "acceptance each iteration, down to none where it does not pay (--adaserve-budget then "
+        "caps B); knee is the paper's rule: B at the start-up profile's knee, depth from eq. 8.",
+        choices=BUDGET_RULES,
+    )
+    verify_tokens_per_step: int | None = flag(
+        None,
+        "adaserve: B1 of the load-adaptive depth d = clip(B1 / n - 1, 1, num-steps) for n "
+        "running requests (default: the verify budget, --adaserve-budget or the start-up "
+        "profile's knee; 256 without either).",
+        metavar="B1",
+        minimum=1,
+    )
+    draft_tokens_per_step: int | None = flag(
+        None,
+        "adaserve: B2 of the load-adaptive beam width w = clip(B2 / n, 1, topk) for n "
+        f"running requests (default: {AdaptiveTreeConfig.draft_tokens_per_step}).",
+        metavar="B2",
+        minimum=1,
+    )
     # Iterations run without speculation between two probes of it (doubling, up to 16x, while
     # probes keep finding that it does not pay).
     probe_interval: int = 16
@@ -58,21 +98,29 @@ class AdaserveConfig:
     baseline_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
-        if self.budget is not None and self.budget < 1:
-            raise ValueError(f"adaserve budget must be >= 1, got {self.budget}")
-        if self.max_nodes_per_request is not None and self.max_nodes_per_request < 0:
-            raise ValueError(f"max_nodes_per_request must be >= 0, got {self.max_nodes_per_request}")
+        check_flags(self, "adaserve")
         check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
-        if self.budget_rule not in BUDGET_RULES:
-            raise ValueError(
-                f"adaserve budget_rule must be one of {', '.join(BUDGET_RULES)}, got "
-                f"{self.budget_rule!r}"
-            )
         if self.probe_interval < 1:
             raise ValueError(f"adaserve probe_interval must be >= 1, got {self.probe_interval}")
+        shape = {
+            name: getattr(self, name)
+            for name in ("verify_tokens_per_step", "draft_tokens_per_step")
+            if getattr(self, name) is not None
+        }
+        if shape:
+            object.__setattr__(self, "tree", dataclasses.replace(self.tree, **shape))
 
-
-BUDGET_RULES = ("cost", "knee")
+    def with_profile_budget(self, knee: int | None) -> AdaserveConfig:
+        """This config with the start-up profile's verify budget `knee` where the flags leave
+        it: --adaserve-budget stands for the knee when set; the knee rule takes B from it (the
+        cost rule sizes B itself, a set budget capping it); B1 is the knee unless set."""
+        knee = knee if self.budget is None else self.budget
+        budget = knee if self.budget_rule == "knee" or self.budget is not None else None
+        verify_tokens = self.verify_tokens_per_step or knee
+        tree = self.tree
+        if verify_tokens is not None:
+            tree = dataclasses.replace(tree, verify_tokens_per_step=verify_tokens)
+        return dataclasses.replace(self, budget=budget, tree=tree)
 
 
 @dataclass(frozen=True)

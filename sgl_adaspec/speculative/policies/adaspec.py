@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sgl_adaspec.flags import ConfigError, check_flags, flag
 from sgl_adaspec.speculative.policies.base import (
     Decision,
     IterationInput,
@@ -73,18 +74,30 @@ class AdaspecPolicyConfig:
 
     slo_aware: bool = True
     confidence_smoothing: float = 0.1
-    min_depth: int = 0
+    min_depth: int = flag(
+        0,
+        "adaspec: the drafter never chooses fewer draft steps than this (default: "
+        "%(default)s, i.e. it may switch speculation off when its estimate says it does not pay).",
+        metavar="D",
+        minimum=0,
+    )
     latency_smoothing: float = 0.3
     baseline_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
+        check_flags(self, "adaspec")
         if not 0 < self.confidence_smoothing <= 1:
             raise ValueError(
                 f"confidence_smoothing must be in (0, 1], got {self.confidence_smoothing}"
             )
-        if self.min_depth < 0:
-            raise ValueError(f"min_depth must be >= 0, got {self.min_depth}")
         check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
+
+    def check_steps(self, steps: int) -> None:
+        """The depth floor must fit a draft of `steps` steps."""
+        if self.min_depth > steps:
+            raise ConfigError(
+                f"--adaspec-min-depth {self.min_depth} exceeds --speculative-num-steps ({steps})"
+            )
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What every speculation policy is to the SGLang adapter (`speculative/worker.py`).
+"""What every speculation policy is to the SGLang adapter (`speculative/sglang/`).
 
 One speculative iteration, as the adapter drives it:
 1. SGLang's EAGLE draft builds each request's candidate tree (`Candidates`) by a beam search

@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sgl_adaspec.flags import check_flags, flag
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.base import (
-    check_common_config,
     Decision,
     IterationInput,
     PolicyBase,
+    check_common_config,
     no_infeasible,
 )
 from sgl_adaspec.speculative.shapes import restrict_to_shape, selection_from_mask
@@ -56,8 +57,18 @@ class DropinConfig:
     - min_window / max_window: window range (draft tokens deep); max None = the draft depth;
     - latency_smoothing, baseline_tpot_ms: as in `PolicyBase`."""
 
-    variant: DropinVariant = DropinVariant.MLE
-    history: int = 8
+    variant: DropinVariant = flag(  # noqa: RUF009 (a field with metadata, as field())
+        DropinVariant.MLE,
+        "dropin: window rule (default: %(default)s).",
+        choices=tuple(v.value for v in DropinVariant),
+        parse=DropinVariant,
+    )
+    history: int = flag(
+        8,
+        "dropin: verifications per request in the acceptance estimate (default: %(default)s).",
+        metavar="N",
+        minimum=1,
+    )
     acc_max: float = 0.98
     min_window: int = 1
     max_window: int | None = None
@@ -65,15 +76,7 @@ class DropinConfig:
     baseline_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.variant, DropinVariant):
-            choices = ", ".join(v.value for v in DropinVariant)
-            raise TypeError(
-                f"dropin variant must be a DropinVariant ({choices}), got {self.variant!r}"
-            )
-        if not isinstance(self.history, int) or self.history < 1:
-            raise ValueError(
-                f"dropin history (--dropin-history) must be an int >= 1, got {self.history!r}"
-            )
+        check_flags(self, "dropin")
         if not 0 < self.acc_max < 1:
             raise ValueError(f"dropin acc_max must be in (0, 1), got {self.acc_max}")
         if not isinstance(self.min_window, int) or self.min_window < 0:

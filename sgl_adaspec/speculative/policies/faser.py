@@ -40,23 +40,44 @@ from typing import NamedTuple
 
 import torch
 
-from sgl_adaspec.config import EARLY_EXIT_MODES
+from sgl_adaspec.flags import ConfigError, check_flags, flag
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan, expected_rejected
 from sgl_adaspec.speculative.policies.base import (
-    check_common_config,
     Decision,
     IterationInput,
     PolicyBase,
+    check_common_config,
     no_infeasible,
 )
 from sgl_adaspec.speculative.shapes import chain_positions, chain_prefix_mask, selection_from_mask
 
 EXIT_PROBE_INTERVAL = 64
-OVERLAP_UNAVAILABLE = (
-    "faser overlap (--faser-overlap) is not available in this build: overlapping the draft with "
-    "verification needs the GPU split into SM partitions (CUDA green contexts) for the draft and "
-    "target models, which this build does not implement"
-)
+# Token-wise early exit: never, when eq. 10 says it pays, on every verify.
+EARLY_EXIT_MODES = ("off", "auto", "always")
+
+
+def parse_lengths(value) -> tuple[int, ...]:
+    """--faser-lengths "1,2,4" (ascending, repeats dropped), or a sequence of ints as is."""
+    if isinstance(value, str):
+        return tuple(sorted({int(part) for part in value.split(",")}))
+    return tuple(value)
+
+
+def check_lengths(lengths: tuple[int, ...], label: str) -> None:
+    if not isinstance(lengths, tuple) or not lengths:
+        raise ValueError(f"{label} must be a non-empty tuple of ints, got {lengths!r}")
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in lengths):
+        raise ValueError(f"{label} must be ints >= 1, got {lengths}")
+    if len(set(lengths)) != len(lengths):
+        raise ValueError(f"{label} repeat a value: {lengths}")
+
+
+def refuse_overlap(overlap: bool, label: str) -> None:
+    if overlap:
+        raise ValueError(
+            f"{label} is not available: overlapping draft and verify needs GPU SM partitions "
+            f"(CUDA green contexts), which this build does not implement"
+        )
 
 
 @dataclass(frozen=True)
@@ -74,56 +95,80 @@ class FaserConfig:
       (when eq. 10 says it pays) or "always"; exit_layer: layers run before the test
       (`--faser-exit-layer`; None: half the model); exit_topk: K of the top-K test
       (`--faser-exit-topk`, the paper's 10);
-    - overlap: draft/verify overlap on GPU SM partitions; not available, True raises."""
+    - overlap: draft/verify overlap on GPU SM partitions (`--faser-overlap`); not available,
+      True raises."""
 
-    lengths: tuple[int, ...] | None = None
-    window: int = 16
+    lengths: tuple[int, ...] | None = flag(
+        None,
+        "faser: candidate speculative lengths (default: 1..--speculative-num-steps).",
+        metavar="L1,L2,...",
+        must="comma-separated integers like 1,2,4",
+        parse=parse_lengths,
+        check=check_lengths,
+    )
+    window: int = flag(
+        16,
+        "faser: observations per request in the sliding window (default: %(default)s).",
+        metavar="N",
+        minimum=1,
+    )
     beta: float = 2.0
     lengthscale: float = 1.0
     noise: float = 0.3
     eps: float = 0.1
     latency_smoothing: float = 0.3
     baseline_tpot_ms: float | None = None
-    early_exit: str = "off"
-    exit_layer: int | None = None
-    exit_topk: int = 10
-    overlap: bool = False
+    early_exit: str = flag(
+        "off",
+        "faser: token-wise early exit inside verification: after --faser-exit-layer layers, "
+        "draft tokens outside the intermediate top-K leave the pass with their suffix. auto "
+        "(the bare flag): when the expected saving exceeds the test's cost; always: every "
+        "verify. LlamaForCausalLM targets with the CPU recipe's torch attention backend; "
+        "elsewhere the full pass runs (default: %(default)s).",
+        choices=EARLY_EXIT_MODES,
+        nargs="?",
+        const="auto",
+    )
+    exit_layer: int | None = flag(
+        None,
+        "faser: target layers run before the early-exit test (default: half the model; "
+        "clipped to 1..layers-1).",
+        metavar="L",
+        minimum=1,
+        must="an integer >= 1",
+    )
+    exit_topk: int = flag(
+        10,
+        "faser: a draft token exits when K tokens outscore it at the exit layer "
+        "(default: %(default)s).",
+        metavar="K",
+        minimum=1,
+        must="an integer >= 1",
+    )
+    overlap: bool = flag(
+        False,
+        "faser: draft/verify overlap on GPU SM partitions. NOT AVAILABLE (GPU-only, not "
+        "implemented); the flag is refused.",
+        check=refuse_overlap,
+        action="store_true",
+    )
 
     def __post_init__(self) -> None:
-        if self.early_exit not in EARLY_EXIT_MODES:
-            raise ValueError(
-                f"faser early_exit must be one of {', '.join(EARLY_EXIT_MODES)}, "
-                f"got {self.early_exit!r}"
-            )
-        if self.exit_layer is not None and (
-            isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int) or self.exit_layer < 1
-        ):
-            raise ValueError(f"faser exit_layer must be an int >= 1, got {self.exit_layer!r}")
-        if isinstance(self.exit_topk, bool) or not isinstance(self.exit_topk, int) or self.exit_topk < 1:
-            raise ValueError(f"faser exit_topk must be an int >= 1, got {self.exit_topk!r}")
-        if self.overlap:
-            raise ValueError(OVERLAP_UNAVAILABLE)
-        if self.lengths is not None:
-            if not isinstance(self.lengths, tuple) or not self.lengths:
-                raise ValueError(
-                    f"faser lengths must be a non-empty tuple of ints, got {self.lengths!r}"
-                )
-            if any(not isinstance(s, int) or s < 1 for s in self.lengths):
-                raise ValueError(
-                    f"faser lengths (--faser-lengths) must be ints >= 1, got {self.lengths}"
-                )
-            if len(set(self.lengths)) != len(self.lengths):
-                raise ValueError(f"faser lengths (--faser-lengths) repeat a value: {self.lengths}")
-        if not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(
-                f"faser window (--faser-window) must be an int >= 1, got {self.window!r}"
-            )
+        check_flags(self, "faser")
         for name in ("lengthscale", "noise", "eps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"faser {name} must be > 0, got {getattr(self, name)}")
         if not self.beta >= 0:
             raise ValueError(f"faser beta must be >= 0, got {self.beta}")
         check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
+
+    def check_steps(self, steps: int) -> None:
+        """Every candidate length must fit a draft of `steps` steps."""
+        if self.lengths and max(self.lengths) > steps:
+            raise ConfigError(
+                f"--faser-lengths {','.join(map(str, self.lengths))} exceeds "
+                f"--speculative-num-steps ({steps})"
+            )
 
 
 class Observation(NamedTuple):

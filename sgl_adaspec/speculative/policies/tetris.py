@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sgl_adaspec.flags import ConfigError, check_flags, flag
 from sgl_adaspec.speculative.policies.base import (
-    check_common_config,
     Decision,
     IterationInput,
     PolicyBase,
+    check_common_config,
     no_infeasible,
 )
 from sgl_adaspec.speculative.selection import select_adaserve
@@ -40,22 +41,34 @@ class TetrisConfig:
     - latency_smoothing: weight of the newest measurement in the latency moving averages;
     - baseline_tpot_ms: TPOT without speculation; None: estimated online (see `PolicyBase`)."""
 
-    extra: int = 1
-    turn_on_batch_size: int = 1
+    extra: int = flag(
+        1,
+        "tetris: draft tokens per request beyond its share of the verify capacity; the "
+        "capacity is (--speculative-num-steps - K) tokens per request (default: %(default)s).",
+        metavar="K",
+        minimum=0,
+    )
+    turn_on_batch_size: int = flag(
+        1,
+        "tetris: batch-wide selection from this many running requests on; below it each "
+        "request verifies its capacity share (default: %(default)s).",
+        metavar="N",
+        minimum=1,
+    )
     latency_smoothing: float = 0.3
     baseline_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.extra, int) or self.extra < 0:
-            raise ValueError(
-                f"tetris extra (--tetris-extra) must be an int >= 0, got {self.extra!r}"
-            )
-        if not isinstance(self.turn_on_batch_size, int) or self.turn_on_batch_size < 1:
-            raise ValueError(
-                f"tetris turn_on_batch_size (--tetris-turn-on-batch-size) must be an int >= 1, "
-                f"got {self.turn_on_batch_size!r}"
-            )
+        check_flags(self, "tetris")
         check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
+
+    def check_steps(self, steps: int) -> None:
+        """The draft of `steps` steps must leave a capacity share k = steps - extra >= 1."""
+        if steps <= self.extra:
+            raise ConfigError(
+                f"--tetris-extra {self.extra} leaves no verify capacity: it must be below "
+                f"--speculative-num-steps ({steps})"
+            )
 
 
 @dataclass
@@ -70,13 +83,8 @@ class TetrisPolicy(PolicyBase):
     def capacity_share(self, draft_steps: int) -> int:
         """k: draft tokens per request the verify capacity holds (the rest of the chain is the
         `extra` TETRIS chooses from)."""
-        share = draft_steps - self.config.extra
-        if share < 1:
-            raise ValueError(
-                f"tetris: --tetris-extra {self.config.extra} leaves no verify capacity with "
-                f"--speculative-num-steps {draft_steps}; it must be below the number of steps"
-            )
-        return share
+        self.config.check_steps(draft_steps)
+        return draft_steps - self.config.extra
 
     def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
         """A chain policy reads only each request's most probable chain, which a width-1 beam

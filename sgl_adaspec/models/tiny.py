@@ -3,7 +3,7 @@
 Nothing is downloaded: a byte-level BPE tokenizer is trained on Python's own stdlib sources and
 every model is a seeded random Llama, so the whole set builds offline in seconds.
 
-    python -m sgl_adaspec.testing.models [--cache-dir DIR] [--force]
+    python -m sgl_adaspec.models.tiny [--cache-dir DIR] [--force]
 
 Models (all float32 safetensors, one folder each, tokenizer saved into every folder):
 
@@ -47,7 +47,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 # Bump whenever the output of any builder changes: cached folders with another version rebuild.
-BUILD_VERSION = "sgl_adaspec.testing.models/1"
+BUILD_VERSION = "sgl_adaspec.models.tiny/1"
 MARKER_NAME = ".adaspec-build-complete"
 CACHE_ENV = "ADASPEC_MODEL_CACHE"
 PLAIN_ARCH = "LlamaForCausalLM"
