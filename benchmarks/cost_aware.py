@@ -30,8 +30,8 @@ import requests
 
 from sgl_adaspec.bench.batch_loads import builtin_prompts
 from sgl_adaspec.demo import class_slos_ms
-from sgl_adaspec.testing.client import stream_generate
-from sgl_adaspec.testing.server import Server, eagle_flags
+from sgl_adaspec.local_server.client import stream_generate
+from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 CLASSES = ("coding", "chat", "summarization")
 CONFIGS = {
@@ -44,7 +44,7 @@ CONFIGS = {
 
 def pair(name: str) -> tuple[Path, Path]:
     if name == "bigram":
-        from sgl_adaspec.testing.models import ensure_models
+        from sgl_adaspec.models.tiny import ensure_models
 
         models = ensure_models()
         return models.bigram_target, models.bigram_eagle_draft

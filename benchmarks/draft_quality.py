@@ -42,7 +42,7 @@ from sgl_adaspec.models.train_eagle import (
     default_work_dir,
     sequence_inputs,
 )
-from sgl_adaspec.testing.server import Server, eagle_flags
+from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 STEPS, TOPK, NUM_DRAFT_TOKENS = 4, 2, 8
 

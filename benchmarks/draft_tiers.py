@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from sgl_adaspec.bench.batch_loads import builtin_prompts, measure_loads
-from sgl_adaspec.testing.server import Server, eagle_flags
+from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 STEPS, TOPK, NUM_DRAFT_TOKENS = 4, 4, 8
 TIERS = ("--adaserve-verify-tokens-per-step", "16", "--adaserve-draft-tokens-per-step", "8")
@@ -29,7 +29,7 @@ TIERS = ("--adaserve-verify-tokens-per-step", "16", "--adaserve-draft-tokens-per
 
 def pair(tiny: bool) -> tuple[Path, Path]:
     if tiny:
-        from sgl_adaspec.testing.models import ensure_models
+        from sgl_adaspec.models.tiny import ensure_models
 
         models = ensure_models()
         return models.target, models.eagle_draft

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from sgl_adaspec.bench.batch_loads import builtin_prompts, measure_loads
-from sgl_adaspec.testing.server import Server, eagle_flags
+from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 STEPS, TOPK, NUM_DRAFT_TOKENS = 4, 2, 8
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import requests
 
-from sgl_adaspec.testing.burst import burst, kv_tokens_used, metric
-from sgl_adaspec.testing.models import ensure_models
-from sgl_adaspec.testing.server import Server, eagle_flags
+from sgl_adaspec.local_server.burst import burst, kv_tokens_used, metric
+from sgl_adaspec.models.tiny import ensure_models
+from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 MAX_RUNNING = 4
 

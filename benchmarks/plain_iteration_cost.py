@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cost_aware import pair  # noqa: E402
 
 from sgl_adaspec.bench.batch_loads import builtin_prompts  # noqa: E402
-from sgl_adaspec.testing.client import stream_generate  # noqa: E402
-from sgl_adaspec.testing.server import Server, eagle_flags  # noqa: E402
+from sgl_adaspec.local_server.client import stream_generate  # noqa: E402
+from sgl_adaspec.local_server.launch import Server, eagle_flags  # noqa: E402
 
 
 def adaserve_stats(url: str) -> dict:

@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import requests
 
-from sgl_adaspec.testing.burst import kv_tokens_used
-from sgl_adaspec.testing.models import ensure_models
-from sgl_adaspec.testing.server import Server, eagle_flags
+from sgl_adaspec.local_server.burst import kv_tokens_used
+from sgl_adaspec.models.tiny import ensure_models
+from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 SLOS = ({"tpot_slo_ms": 5}, {"slo_class": "chat"}, {"slo_class": "coding"}, {})
 
