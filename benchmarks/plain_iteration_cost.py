@@ -7,7 +7,11 @@ draft extend skipped) as adaserve runs it when speculation does not pay.
 Both servers run side by side (each sleeps when idle) and their requests alternate, one at a
 time, so a drift of the host's speed falls on both. adaserve is warmed up first until its cost
 model stands down; the probes it still runs (two speculative iterations every 16 to 256 plain
-ones) are counted and reported. Last line: plain_over_nospec_tpot=<median TPOT ratio>.
+ones) are counted and reported. A third server without speculation runs with SGLang's overlap
+schedule off (`none-seq`), as SGLang runs every speculative server on CPU ("Overlap schedule is
+not implemented for speculative decoding on CPU"): it separates what the steps-0 path costs from
+what the overlap of scheduling and forward saves a server without speculation.
+Last line: plain_over_nospec_tpot=<median TPOT ratio adaserve / none>.
 """
 
 from __future__ import annotations
@@ -42,17 +46,23 @@ def main() -> int:
     target, draft = pair(args.pair)
     text = builtin_prompts(1)[0]
     spec = (*eagle_flags(draft, 4, 2, 8), "--spec-policy", "adaserve")
-    none, adaserve = Server(target), Server(target, spec)
+    servers = {
+        "none": Server(target),
+        "none-seq": Server(target, ("--disable-overlap-schedule",)),
+        "adaserve": Server(target, spec),
+    }
     with contextlib.ExitStack() as stack:
-        stack.enter_context(none)
-        stack.enter_context(adaserve)
-        stream_generate(none.url, text, 8, ignore_eos=True)
+        for server in servers.values():
+            stack.enter_context(server)
+        adaserve = servers["adaserve"]
+        for name in ("none", "none-seq"):
+            stream_generate(servers[name].url, text, 8, ignore_eos=True)
         for _ in range(3):  # adaserve learns what speculation returns here
             stream_generate(adaserve.url, text, args.tokens, ignore_eos=True)
         before = adaserve_stats(adaserve.url)
-        tpot = {"none": [], "adaserve": []}
+        tpot = {name: [] for name in servers}
         for _ in range(args.repeats):
-            for name, server in (("none", none), ("adaserve", adaserve)):
+            for name, server in servers.items():
                 tpot[name].append(stream_generate(server.url, text, args.tokens, ignore_eos=True).tpot_ms)
         after = adaserve_stats(adaserve.url)
     plain = after["plain_iterations"] - before["plain_iterations"]
@@ -63,6 +73,8 @@ def main() -> int:
         print(f"  {name:<9} median TPOT {medians[name]:8.2f} ms  ({', '.join(f'{v:.1f}' for v in values)})")
     print(f"  adaserve while measured: {plain} iterations without speculation, {spec_iters} "
           f"speculative (probes); last plan {after['last_plan']}")
+    print(f"  adaserve / none-seq {medians['adaserve'] / medians['none-seq']:.3f}; "
+          f"none-seq / none {medians['none-seq'] / medians['none']:.3f} (the overlap schedule)")
     print(f"plain_over_nospec_tpot={medians['adaserve'] / medians['none']:.3f}")
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -37,9 +38,7 @@ def test_help_lists_spec_policy_with_choices():
         assert name in result.stdout
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
+BAD_FLAGS = [
         (["--spec-policy", "fastest"], "unknown --spec-policy 'fastest'; choose one of: static"),
         (["--spec-policy", "adaserve"], "--spec-policy adaserve needs --speculative-algorithm"),
         (
@@ -73,15 +72,59 @@ def test_help_lists_spec_policy_with_choices():
             [*EAGLE_TREE, "--speculative-eagle-topk", "1", "--spec-policy", "faser"],
             "needs --speculative-eagle-topk >= 2 (got 1)",
         ),
-    ],
-)
-def test_bad_flags_exit_nonzero_with_one_clear_line_before_loading(flags, message):
+]
+
+# Every bad-flag case through SGLang's own parsing in one interpreter (an SGLang import costs
+# ~12 s on 2 cores): plugins loaded as `python -m sglang.launch_server` loads them, then
+# `prepare_server_args(argv)` per case, with its exit code and stderr.
+PARSE_EACH = """
+import contextlib, io, json, sys
+from sglang.srt.plugins import load_plugins
+from sglang.srt.server_args import prepare_server_args
+load_plugins()
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    code = 0
+    with contextlib.redirect_stderr(err):
+        try:
+            prepare_server_args(argv)
+        except SystemExit as exc:
+            code = exc.code
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def parsed_bad_flags() -> list[tuple[int, str]]:
+    argvs = [["--model-path", "/nonexistent/model", *flags] for flags, _ in BAD_FLAGS]
+    result = subprocess.run(
+        [sys.executable, "-c", PARSE_EACH, json.dumps(argvs)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def one_clear_line(code: int, stderr: str, message: str) -> None:
+    assert code == 2
+    errors = [line for line in stderr.splitlines() if line.startswith("sgl_adaspec:")]
+    assert len(errors) == 1 and message in errors[0], stderr[-2000:]
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("case", range(len(BAD_FLAGS)), ids=lambda i: BAD_FLAGS[i][1][:40])
+def test_bad_flags_exit_2_with_one_clear_line_before_loading(parsed_bad_flags, case):
     # The model path does not exist: reaching model loading would fail with another error.
+    code, stderr = parsed_bad_flags[case]
+    one_clear_line(code, stderr, BAD_FLAGS[case][1])
+
+
+def test_the_launcher_itself_exits_2_on_a_bad_flag():
+    flags, message = BAD_FLAGS[-3]  # checked against SGLang's own --speculative-num-steps
     result = launch("--model-path", "/nonexistent/model", *flags)
-    assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("sgl_adaspec:")]
-    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
+    one_clear_line(result.returncode, result.stderr, message)
 
 
 def test_config_carrier_round_trip(monkeypatch):

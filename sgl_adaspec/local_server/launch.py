@@ -111,7 +111,9 @@ class Server:
             return
         os.killpg(self.process.pid, signal.SIGTERM)
         try:
-            self.process.wait(timeout=30)
+            # SGLang's launcher treats its children's SIGTERM exit as a crash and sleeps 5 s
+            # before its diagnostics; nothing is left to save by then.
+            self.process.wait(timeout=3)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()

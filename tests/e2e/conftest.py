@@ -23,3 +23,12 @@ def eagle_server(models, tmp_path_factory):
     )  # fmt: skip
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def plain_server(models, tmp_path_factory):
+    """tiny-llama without speculation: the reference of every losslessness test on that target
+    (one server for the session; it sleeps while idle)."""
+    server = start(tmp_path_factory, "plain", models.target)
+    yield server
+    server.stop()

@@ -50,14 +50,8 @@ def adaserve_outputs(models, tmp_path_factory):
         server.stop()
 
 
-def test_mixed_slo_batch_is_token_identical_to_no_speculation(
-    models, tmp_path_factory, adaserve_outputs
-):
-    server = start(tmp_path_factory, "plain-adaserve-ref", models.target)
-    try:
-        expected = [generate(server.url, prompt)["output_ids"] for prompt, _ in (TIGHT, LOOSE)]
-    finally:
-        server.stop()
+def test_mixed_slo_batch_is_token_identical_to_no_speculation(plain_server, adaserve_outputs):
+    expected = [generate(plain_server.url, prompt)["output_ids"] for prompt, _ in (TIGHT, LOOSE)]
     outputs, _, _ = adaserve_outputs
     assert [out["output_ids"] for out in outputs] == expected
 

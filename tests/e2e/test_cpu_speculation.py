@@ -22,13 +22,9 @@ MAX_NEW_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
-def reference_outputs(models, tmp_path_factory) -> dict[str, list[int]]:
+def reference_outputs(plain_server) -> dict[str, list[int]]:
     """Greedy output token ids of every prompt without speculation."""
-    server = start(tmp_path_factory, "plain", models.target)
-    try:
-        return {p: output_ids(server, p) for p in PROMPTS}
-    finally:
-        server.stop()
+    return {p: output_ids(plain_server, p) for p in PROMPTS}
 
 
 def output_ids(server: Server, prompt: str, max_new_tokens: int = MAX_NEW_TOKENS) -> list[int]:

@@ -51,16 +51,12 @@ def serve(tmp_path_factory, target, draft, *extra) -> tuple[list[list[int]], dic
     return [out["output_ids"] for out in outputs], info["internal_states"][0]["adaspec"]["stats"]
 
 
-def reference(tmp_path_factory, target) -> list[list[int]]:
-    server = start(tmp_path_factory, "plain-tiers-ref", target)
-    try:
-        return [generate(server.url, prompt)["output_ids"] for prompt in PROMPTS]
-    finally:
-        server.stop()
+def reference(server) -> list[list[int]]:
+    return [generate(server.url, prompt)["output_ids"] for prompt in PROMPTS]
 
 
-def test_tiers_shrink_the_draft_and_stay_lossless(models, tmp_path_factory):
-    expected = reference(tmp_path_factory, models.target)
+def test_tiers_shrink_the_draft_and_stay_lossless(models, tmp_path_factory, plain_server):
+    expected = reference(plain_server)
     tiered, tiered_stats = serve(tmp_path_factory, models.target, models.eagle_draft)
     full, full_stats = serve(
         tmp_path_factory, models.target, models.eagle_draft, "--draft-tiers", "off"
@@ -81,7 +77,11 @@ def test_tiers_shrink_the_draft_and_stay_lossless(models, tmp_path_factory):
 @pytest.mark.slow
 def test_tiers_commit_accepted_drafts(models, tmp_path_factory):
     """The bigram pair (the draft is always right): tiered drafts are still accepted."""
-    expected = reference(tmp_path_factory, models.bigram_target)
+    server = start(tmp_path_factory, "plain-bigram", models.bigram_target)
+    try:
+        expected = reference(server)
+    finally:
+        server.stop()
     outputs, stats = serve(tmp_path_factory, models.bigram_target, models.bigram_eagle_draft)
     assert outputs == expected
     assert stats["accepted_tokens_per_verify"] > 1.2

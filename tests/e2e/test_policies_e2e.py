@@ -49,12 +49,8 @@ def concurrent_outputs(url: str) -> list[list[int]]:
     return [out["output_ids"] for out in outputs]
 
 
-def reference_outputs(tmp_path_factory, target) -> list[list[int]]:
-    server = start(tmp_path_factory, "plain-policies-ref", target)
-    try:
-        return [generate(server.url, prompt, None)["output_ids"] for prompt, _ in PROMPTS]
-    finally:
-        server.stop()
+def reference_outputs(server) -> list[list[int]]:
+    return [generate(server.url, prompt, None)["output_ids"] for prompt, _ in PROMPTS]
 
 
 def run_policy(tmp_path_factory, target, draft, policy_args) -> tuple[list, dict]:
@@ -78,13 +74,17 @@ def run_policy(tmp_path_factory, target, draft, policy_args) -> tuple[list, dict
 
 
 @pytest.fixture(scope="module")
-def random_pair_reference(models, tmp_path_factory):
-    return reference_outputs(tmp_path_factory, models.target)
+def random_pair_reference(plain_server):
+    return reference_outputs(plain_server)
 
 
 @pytest.fixture(scope="module")
 def bigram_pair_reference(models, tmp_path_factory):
-    return reference_outputs(tmp_path_factory, models.bigram_target)
+    server = start(tmp_path_factory, "plain-bigram", models.bigram_target)
+    try:
+        return reference_outputs(server)
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("policy_args", WITH_REJECTIONS, ids=lambda args: "-".join(args))
