@@ -1,4 +1,4 @@
-"""`python -m sgl_adaspec.sim [--experiment rps-sweep|adaserve-grid] [options]`; see
+"""`python -m sgl_adaspec.sim [--experiment rps-sweep|adaserve-grid|trace] [options]`; see
 docs/simulator.md.
 
 Defaults live in `experiments.SweepConfig`; flags left out keep them.
@@ -17,7 +17,7 @@ from sgl_adaspec.sim.experiments import SweepConfig, rps_sweep_main
 from sgl_adaspec.sim.latency import PRESETS
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES
 
-EXPERIMENTS = ("rps-sweep", "adaserve-grid")
+EXPERIMENTS = ("rps-sweep", "adaserve-grid", "trace")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -48,6 +48,15 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
     )
     parser.add_argument("--out", dest="out_dir", help="output folder (JSON, PNG)")
     parser.add_argument("--max-running-requests", type=int)
+    parser.add_argument("--trace", help="trace experiment: AdaServe JSON, Azure or timestamps CSV")
+    parser.add_argument(
+        "--time-compression", type=float, help="trace experiment: arrivals divided by this"
+    )
+    parser.add_argument(
+        "--relative-slo-scale",
+        type=float,
+        help="trace experiment: every baseline-relative SLO at this multiple of the baseline",
+    )
     args = vars(parser.parse_args(argv))
     experiment = args.pop("experiment")
     given = {k: v for k, v in args.items() if v is not None}
@@ -66,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         from sgl_adaspec.sim.grid import grid_main
 
         grid_main(config)
+    elif experiment == "trace":
+        from sgl_adaspec.sim.experiments import trace_main
+
+        if config.trace is None:
+            print("error: --experiment trace needs --trace PATH", file=sys.stderr)
+            return 2
+        trace_main(config)
     return 0
 
 
