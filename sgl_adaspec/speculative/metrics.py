@@ -19,9 +19,11 @@ def metrics_enabled() -> bool:
 
 
 class PrometheusSink:
-    """Mirrors `SpecStats.observe_*` calls into Prometheus series (labels: slo_class)."""
+    """Mirrors `SpecStats.observe_*` calls into Prometheus series (labels: slo_class). The
+    per-class counters of `slo_classes` exist from the start, at 0: a rate over a window needs a
+    series before a class's first request, and attainment needs "met" before its first met SLO."""
 
-    def __init__(self) -> None:
+    def __init__(self, slo_classes: tuple[str, ...] = ()) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
         self.finished = Counter(
@@ -67,6 +69,9 @@ class PrometheusSink:
             "Last iteration's budget B, depth d and width w, and the shape the draft ran",
             ["parameter"], multiprocess_mode="mostrecent",
         )  # fmt: skip
+        for slo_class in slo_classes:
+            self.finished.labels(slo_class)
+            self.met.labels(slo_class)
 
     def observe_iteration(self, verified, accepted, budget, depth, width) -> None:
         self.verified.observe(sum(verified))
@@ -92,6 +97,7 @@ class PrometheusSink:
 
     def observe_finished(self, slo_class: str, tpot_ms: float, met: bool) -> None:
         self.finished.labels(slo_class).inc()
+        met_counter = self.met.labels(slo_class)  # at 0 until the class first meets its SLO
         if met:
-            self.met.labels(slo_class).inc()
+            met_counter.inc()
         self.tpot.labels(slo_class).observe(tpot_ms)

@@ -89,6 +89,9 @@ def test_prometheus_metrics_carry_slo_class_labels(adaserve_outputs):
     }
     assert lines['sglang_adaspec:requests_finished_total{slo_class="custom"}'] == 2
     assert lines['sglang_adaspec:requests_slo_met_total{slo_class="custom"}'] == 1
+    # The configured classes' counters exist from start-up, at 0 (no chat request was sent).
+    assert lines['sglang_adaspec:requests_finished_total{slo_class="chat"}'] == 0
+    assert lines['sglang_adaspec:requests_slo_met_total{slo_class="chat"}'] == 0
     assert lines['sglang_adaspec:iteration_shape{parameter="budget"}'] == 8
     assert lines["sglang_adaspec:verified_tokens_per_iteration_count"] >= 10
 

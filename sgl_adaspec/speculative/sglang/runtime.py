@@ -69,7 +69,10 @@ def build_runtime(config: AdaspecConfig, draft_worker) -> Runtime:
         )
     policy.stats.cost_profile = profile.as_dict() if profile is not None else None
     if metrics_enabled():
-        policy.stats.sinks.append(PrometheusSink())
+        from sgl_adaspec.scheduler.request_slo import BEST_EFFORT
+
+        classes = (*config.load_slo_config().classes, BEST_EFFORT)
+        policy.stats.sinks.append(PrometheusSink(classes))
     logger.info(
         "sgl_adaspec: %s policy: %s; verify cost profile %s",
         config.spec_policy,
