@@ -274,8 +274,13 @@ def run_checks(prom: Prometheus, server: Server, rules: dict, max_new_tokens: in
                 found = {s["metric"].get("slo_class") for s in result}
                 check(set(classes) <= found, f"{rule['record']}: slo_class {found}")
             if "attainment" in rule["record"]:
-                values = [float(s["value"][1]) for s in result]
-                check(all(0 <= v <= 1 for v in values), f"{rule['record']}: {values}")
+                # Classes sent: a share in [0, 1]. Configured classes exist from start-up at 0,
+                # so one no request named reads 0/0 = NaN.
+                values = {s["metric"].get("slo_class"): float(s["value"][1]) for s in result}
+                sent = [values[c] for c in classes]
+                check(all(0 <= v <= 1 for v in sent), f"{rule['record']}: {values}")
+                unsent = [v for c, v in values.items() if c not in classes]
+                check(all(math.isnan(v) for v in unsent), f"{rule['record']}: {values}")
             recorded += len(result)
             print(f"  {rule_selector(rule)}: " + " ".join(describe(s) for s in result))
 
