@@ -7,7 +7,7 @@ venv:
 demo: venv
 	.venv/bin/python -m sgl_adaspec.demo
 
-# The default test run: everything but the tests marked slow (well under 30 min on 2 cores).
+# The default test run: everything but the tests marked slow (well under 15 min on 2 cores).
 test: venv
 	.venv/bin/python -m pytest -q -m "not slow"
 

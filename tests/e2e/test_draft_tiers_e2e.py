@@ -55,6 +55,7 @@ def reference(server) -> list[list[int]]:
     return [generate(server.url, prompt)["output_ids"] for prompt in PROMPTS]
 
 
+@pytest.mark.slow  # ~100 s; the default run covers the tiers in test_draft_tiers.py
 def test_tiers_shrink_the_draft_and_stay_lossless(models, tmp_path_factory, plain_server):
     expected = reference(plain_server)
     tiered, tiered_stats = serve(tmp_path_factory, models.target, models.eagle_draft)

@@ -33,7 +33,13 @@ POLICIES = (
 )
 # The other dropin rules: in the slow tier (each server start costs ~30 s).
 VARIANTS = (("dropin", "--dropin-variant", "fsm"), ("dropin", "--dropin-variant", "cache-fsm"))
-WITH_REJECTIONS = POLICIES + tuple(pytest.param(args, marks=pytest.mark.slow) for args in VARIANTS)
+# The default run keeps one policy besides adaserve (whose losslessness test_adaserve_e2e.py and
+# test_cpu_speculation.py check); every policy and variant runs in the slow tier, which CI runs
+# too, and again with accepted drafts below.
+WITH_REJECTIONS = tuple(
+    args if args[0] == "tetris" else pytest.param(args, marks=pytest.mark.slow)
+    for args in POLICIES + VARIANTS
+)
 
 
 def generate(url: str, prompt: str, custom_params: dict | None = None, temperature: float = 0.0):
@@ -117,6 +123,7 @@ def test_policy_is_lossless_and_commits_accepted_drafts(
     assert state["stats"]["accepted_tokens_per_verify"] > 1.2
 
 
+@pytest.mark.slow
 def test_faser_early_exit_is_lossless_and_prunes_rows(models, tmp_path_factory, random_pair_reference):
     # Test after layer 1 of 2 with K = half the vocabulary: on random models about half the
     # tested draft tokens exit (with their suffixes) and the rest run the last layer, so both
