@@ -26,6 +26,14 @@ def candidates_from_verify_input(
     node_parents = parents[:, 1:] - 1  # root (0) -> -1; unlinked (NO_NODE) -> -2
     # A draft tier's padding nodes carry negative scores (see `draft_tiers`): never candidates.
     valid = (node_parents >= -1) & (path_prob.cpu() >= 0)
+    # ... nor anything below one (a child can score >= 0 under a padding parent, seldom):
+    # a node is a candidate only if its whole path is.
+    for _ in range(ntok - 1):
+        parent_valid = torch.gather(valid, 1, node_parents.clamp(min=0))
+        closed = valid & ((node_parents == -1) | parent_valid)
+        if torch.equal(closed, valid):
+            break
+        valid = closed
     node_parents = torch.where(valid, node_parents, -1)
     prob = path_prob.float().cpu().clamp(0.0, 1.0)
     # f never exceeds the parent's (Candidates checks it); enforce it against rounding.
