@@ -238,7 +238,7 @@ class ServerPolicy:
         self, slo: SloBatch, draft: Drafter, rids: tuple[str, ...], context_lens: np.ndarray
     ) -> Decision:
         num_requests = slo.num_requests
-        depth, width = self.policy.draft_shape(num_requests, self.depth, self.width)
+        depth, width = self.policy.draft_shape(num_requests, self.depth, self.width, slo)
         self._pending = (None, None, rids, int(context_lens.sum()))
         if depth == 0:
             return _plain(num_requests)

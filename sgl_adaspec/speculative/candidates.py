@@ -121,6 +121,20 @@ class Candidates:
                 f"(build it as parent_prob * p, not from summed log-probs without clamping)"
             )
 
+    def with_path_prob(self, path_prob: torch.Tensor) -> Candidates:
+        """The same trees with `path_prob` [B, N] (a monotone map of f, e.g. calibrated f'),
+        each node capped at its parent's: a monotone map keeps f(child) <= f(parent) but its
+        rounding may not."""
+        has_parent = self.parents >= 0
+        parent_slot = self.parents.clamp(min=0)
+        for _ in range(self.num_nodes):
+            parent_prob = torch.where(has_parent, path_prob.gather(1, parent_slot), 1.0)
+            capped = torch.minimum(path_prob, parent_prob)
+            if torch.equal(capped, path_prob):
+                break
+            path_prob = capped
+        return Candidates(self.tokens, self.parents, path_prob, self.valid)
+
     @property
     def num_requests(self) -> int:
         return self.tokens.shape[0]

@@ -16,71 +16,176 @@ the draft) the plan is depth 0; where verification is nearly free, everything do
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
-# verify_ms(tokens, context) / draft_ms(steps, requests) -> float64 latency (broadcast); None
+from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.shapes import restrict_to_shape
+
+# verify_ms(tokens, context) / draft_ms(steps, rows) -> float64 latency (broadcast); None
 # if unknown.
 LatencyFn = Callable[..., torch.Tensor | None]
 
 
+def draft_widths(max_width: int) -> tuple[int, ...]:
+    """The beam widths the planner weighs: every width up to 4, powers of two past it, and the
+    maximum itself."""
+    widths = {w for w in range(1, max_width + 1) if w <= 4 or w & (w - 1) == 0}
+    return tuple(sorted(widths | {max_width}))
+
+
+def draft_rows(depth: int | torch.Tensor, width: int | torch.Tensor, requests: int):
+    """Tokens through the draft forwards of a depth x width beam for `requests` requests: the
+    first step over each root, each later one over the n * w frontier."""
+    return requests * (1 + (depth - 1) * width)
+
+
+def slo_group_keys(tpot_slo_ms: torch.Tensor) -> list[float | None]:
+    """[B] TPOT SLOs (NaN: none) -> each request's group key: requests of one SLO (a class)
+    share a gain curve. None for best effort."""
+    return [None if math.isnan(value) else round(value, 3) for value in tpot_slo_ms.tolist()]
+
+
 @dataclass
-class GainCurve:
-    """curve [K + 1] float64: curve[k] = expected accepted draft tokens of a request's k best
-    nodes by f' (curve[0] = 0), averaged over the requests of the last `drafts` drafts. Nodes
-    ranked by f within a request form a prefix closed under parent (f of a child never exceeds
-    its parent's), so the k best are a tree. The drafts are kept as raw f and the curve is
-    rebuilt with the current calibration (`refresh`): a curve of calibrated values frozen at
-    observation time would keep what an early, uncalibrated f said long after."""
+class ShapeGain:
+    """What each draft shape returns: for shape s = (d, w) and k, the expected accepted draft
+    tokens of a request's k best nodes (by f') within the beam of depth d and width w, averaged
+    over the requests of the last `drafts` drafts that reached that shape; over all requests
+    (`table`) and per SLO group (`group_table`), since requests of different classes are
+    accepted differently.
+
+    The shapes are a grid: depths 1..max_depth, widths `draft_widths(max_width)`, fixed by the
+    first draft (the configured search). A draft of shape (D, W) shows every shape (d <= D,
+    w <= W): its beam restricted to that shape is the beam a smaller search would have kept.
+    So shapes drafted recently are known from what they returned, and larger ones from the
+    last drafts that reached them (the policy drafts the full shape now and then to keep them
+    known). Within a shape, nodes ranked by f form a prefix closed under parent (f never grows
+    from parent to child), so the k best are a tree. Drafts are kept as raw f and the tables
+    rebuilt with the current calibration (`refresh`), so an early, uncalibrated f does not
+    linger."""
 
     max_nodes: int = 64
     drafts: int = 8
-    curve: torch.Tensor | None = field(default=None, repr=False)
+    max_depth: int = 0
+    max_width: int = 0
     version: int = 0  # drafts observed
-    _ranked: deque = field(default_factory=deque, repr=False)  # [B, <=K] raw f per draft
+    # After `refresh`: [S, K + 1] float64 (column 0 = 0) over all requests, `reached` [S] bool,
+    # and the same table per SLO group (shapes a group's rows never reached copy `table`).
+    table: torch.Tensor | None = field(default=None, repr=False)
+    reached: torch.Tensor | None = field(default=None, repr=False)
+    groups: dict = field(default_factory=dict, repr=False)
+    # Per kept draft: raw f ranked [S, B, K], the shapes it reached [S] bool, its shape, and
+    # its requests' group keys [B].
+    _drafts: deque = field(default_factory=deque, repr=False)
 
     @property
     def known(self) -> bool:
-        return self.curve is not None or bool(self._ranked)
+        return bool(self._drafts)
 
-    def observe(self, path_prob: torch.Tensor, valid: torch.Tensor) -> None:
-        """path_prob [B, N] raw f; valid [B, N] bool."""
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """The grid, width-major: [(1, 1), (2, 1), .., (max_depth, max_width)]."""
+        widths = draft_widths(self.max_width) if self.max_width else ()
+        return [(d, w) for w in widths for d in range(1, self.max_depth + 1)]
+
+    def curve(self, depth: int, width: int) -> torch.Tensor | None:
+        """[K + 1] of shape (depth, width) over all requests, None if never reached."""
+        if self.table is None or (depth, width) not in self.shapes:
+            return None
+        s = self.shapes.index((depth, width))
+        return self.table[s] if bool(self.reached[s]) else None
+
+    def group_table(self, key: float | None) -> torch.Tensor:
+        return self.groups.get(key, self.table)
+
+    def observe(
+        self, cands: Candidates, depth: int, width: int, groups: list[float | None] | None = None
+    ) -> None:
+        """cands: a draft's candidate trees from a beam search of `depth` x `width`; groups [B]:
+        the requests' `slo_group_keys` (None: one group)."""
+        if not self.max_depth:
+            self.max_depth, self.max_width = depth, width
         self.version += 1
-        f = torch.where(valid, path_prob, 0.0).double().cpu()
-        ranked = torch.sort(f, dim=1, descending=True).values[:, : self.max_nodes]
-        pad = self.max_nodes - ranked.shape[1]  # fewer nodes: the curve is flat past them
-        self._ranked.append(torch.nn.functional.pad(ranked, (0, pad)))
-        while len(self._ranked) > self.drafts:
-            self._ranked.popleft()
+        shapes = self.shapes
+        f = cands.path_prob.double()
+        bsz, k = f.shape[0], self.max_nodes
+        ranked = torch.zeros(len(shapes), bsz, k, dtype=torch.float64)
+        reached = torch.tensor([d <= depth and w <= width for d, w in shapes])
+        depth_limit = torch.arange(1, depth + 1, device=f.device).view(-1, 1, 1)  # [D, 1, 1]
+        for w in draft_widths(self.max_width):
+            if w > width:
+                break
+            beam = restrict_to_shape(cands, depth, w).valid  # [B, N]
+            kept = torch.where((cands.depth.unsqueeze(0) <= depth_limit) & beam, f, 0.0)
+            top = torch.sort(kept, dim=2, descending=True).values[..., :k].cpu()  # [D, B, <=K]
+            first = shapes.index((1, w))
+            ranked[first : first + depth, :, : top.shape[2]] = top
+        keys = list(groups) if groups is not None else [None] * bsz
+        self._drafts.append((ranked, reached, (depth, width), keys))
+        while len(self._drafts) > self.drafts:
+            self._drafts.popleft()
+
+    def covers(self, depth: int, width: int) -> bool:
+        """Whether a kept draft reached shape (depth, width)."""
+        return any(d >= depth and w >= width for _, _, (d, w), _ in self._drafts)
 
     def refresh(self, calibrate: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Rebuild `curve` from the kept drafts with `calibrate` (f -> f', monotone)."""
-        if not self._ranked:
+        """Rebuild the tables with `calibrate` (f -> f', monotone)."""
+        if not self._drafts:
             return
-        calibrated = calibrate(torch.cat(list(self._ranked)))  # [sum of B, K]
-        zero = torch.zeros(1, dtype=torch.float64)
-        self.curve = torch.cat([zero, calibrated.cumsum(1).mean(0)])
+        ranked = torch.cat([draft[0] for draft in self._drafts], dim=1)  # [S, R, K]
+        weight = torch.cat(
+            [
+                draft[1].double().unsqueeze(1).expand(-1, draft[0].shape[1])
+                for draft in self._drafts
+            ],
+            dim=1,
+        )  # [S, R]: rows of drafts that reached the shape
+        gained = calibrate(ranked).cumsum(2) * weight.unsqueeze(2)  # [S, R, K]
+        keys = [key for draft in self._drafts for key in draft[3]]  # [R]
+        self.reached = weight.sum(1) > 0
+        self.table = _mean_table(gained, weight)
+        self.groups = {}
+        for key in set(keys) - {None}:
+            rows = torch.tensor([k == key for k in keys])
+            table = _mean_table(gained[:, rows], weight[:, rows])
+            known = weight[:, rows].sum(1) > 0
+            self.groups[key] = torch.where(known.unsqueeze(1), table, self.table)
+
+
+def _mean_table(gained: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """gained [S, R, K] (weighted), weight [S, R] -> [S, K + 1] means, column 0 = 0."""
+    mean = gained.sum(1) / weight.sum(1).clamp(min=1e-9).unsqueeze(1)
+    return torch.nn.functional.pad(mean, (1, 0))
 
 
 @dataclass(frozen=True)
 class PlanChoice:
-    """The plan for the next draft: depth (0: no speculation), the draft nodes per request it
-    expects to verify, and the expected tokens per ms with it and with a plain decode."""
+    """The plan for the next draft: its shape (depth 0: no speculation), the draft nodes per
+    request it expects to verify, and the expected tokens per ms with it and with a plain
+    decode (the whole batch's), and the objective it maximized for both."""
 
     depth: int
+    width: int
     nodes_per_request: int
     expected_accepted: float  # per request, bonus included
     tokens_per_ms: float
     plain_tokens_per_ms: float
     iteration_ms: float  # predicted, with the chosen (or best rejected) draft
     plain_ms: float  # predicted, without speculation
+    objective: float = 0.0
+    plain_objective: float = 0.0
 
     def as_dict(self) -> dict:
         return {
             "depth": self.depth,
+            "width": self.width,
             "nodes_per_request": self.nodes_per_request,
             "expected_accepted_per_request": round(self.expected_accepted, 3),
             "tokens_per_ms": round(self.tokens_per_ms, 4),
@@ -91,44 +196,89 @@ class PlanChoice:
         }
 
 
-def plan_depth(
+def plan_shape(
     *,
-    num_requests: int,
+    slo: SloBatch,
     context_tokens: int,
-    max_depth: int,
-    width: int,
-    gain: GainCurve,
+    gain: ShapeGain,
     verify_ms: LatencyFn,
     draft_ms: LatencyFn,
     plain_overhead_ms: float,
+    surplus_weight: float = 0.1,
 ) -> PlanChoice | None:
-    """Before the draft: the k (draft nodes per request) that maximizes the expected rate of a
-    draft run to `max_depth`; depth 0 when a plain decode's rate is at least as high. None when
-    a latency model has no observation yet.
+    """Before the draft: the shape (d, w) and node count k per request that maximize the
+    SLO-aware objective over every shape `gain` has seen; depth 0 when a plain decode scores
+    at least as high. None when a model has no observation yet.
 
-    The draft always runs to `max_depth` when it runs: the gain curve is learned from the drafts
-    that ran, and a shallower draft would show no gain past its own depth, so a depth chosen by
-    the curve would only ever shrink."""
-    n = num_requests
-    k = torch.arange(0, min(max_depth * width, gain.max_nodes) + 1, dtype=torch.float64)  # [K]
-    depth = torch.full_like(k, float(max_depth))
-    verify = verify_ms(n * (1 + k), context_tokens)
-    draft = draft_ms(depth, n)
+    slo: the running requests' SLO state. A request commits e(s, k) = 1 + its SLO group's
+    gain tokens in an iteration of T(s, k) ms. What it needs in that iteration is its A(r)
+    for an iteration of T ms (what puts it back on its SLO track), and at least its SLO's pace
+    T / SLO. Its tokens count in full up to that need and with weight `surplus_weight` beyond
+    it; a best-effort request's count in full. The objective is the batch's counted tokens per
+    ms: speed goes first to the requests that need it, the rest of the choice is throughput,
+    which also drains the queue. The draft's cost is priced by its rows, so a wide beam must
+    return more than its n * w rows per step cost (past the peak load a chain beats a wider
+    tree)."""
+    n = slo.num_requests
+    if gain.table is None or n == 0:
+        return None
+    shapes = gain.shapes
+    size = gain.max_nodes + 1
+    k = torch.arange(size, dtype=torch.float64)  # [K]
+    depth = torch.tensor([d for d, _ in shapes], dtype=torch.float64).unsqueeze(1)  # [S, 1]
+    width = torch.tensor([w for _, w in shapes], dtype=torch.float64).unsqueeze(1)
+    verify = verify_ms(n * (1 + k), context_tokens)  # [K]
+    draft = draft_ms(depth, draft_rows(depth, width, n))  # [S, 1]
     if verify is None or draft is None:
         return None
-    plain_ms = float(verify[0]) + plain_overhead_ms
-    plain_rate = n / max(plain_ms, 1e-9)
-    expected = 1.0 + gain.curve[k.long()]  # [K] per request, bonus included
-    rate = n * expected / (verify + draft).clamp(min=1e-9)  # [K]
-    rate[0] = -1.0  # k = 0 with a draft is never better than a plain decode
-    best = int(torch.argmax(rate))
-    spec_ms = float(verify[best] + draft[best])
-    if float(rate[best]) <= plain_rate:
-        return PlanChoice(0, 0, float(expected[best]), float(rate[best]), plain_rate, spec_ms, plain_ms)
-    return PlanChoice(
-        int(depth[best]), best, float(expected[best]), float(rate[best]), plain_rate, spec_ms,
-        plain_ms,
+    iteration = (verify.unsqueeze(0) + draft).clamp(min=1e-9)  # [S, K]
+    plain_ms = torch.full((1, 1), max(float(verify[0]) + plain_overhead_ms, 1e-9))
+    keys = slo_group_keys(slo.tpot_slo_ms)
+    counted = torch.zeros_like(iteration)  # tokens per iteration as the objective counts them
+    committed = torch.zeros_like(iteration)  # expected tokens per iteration
+    plain_counted = 0.0
+    for key in set(keys):
+        members = torch.tensor([k == key for k in keys])
+        count = int(members.sum())
+        expected = 1.0 + gain.group_table(key)  # [S, K]
+        committed += count * expected
+        if key is None:
+            counted += count * expected
+            plain_counted += count
+            continue
+        group = SloBatch(
+            slo.tpot_slo_ms[members], slo.decode_elapsed_ms[members], slo.tokens_out[members]
+        )
+        counted += _counted(expected, iteration, group, surplus_weight).sum(0)
+        plain_counted += float(
+            _counted(torch.ones_like(plain_ms), plain_ms, group, surplus_weight).sum()
+        )
+    objective = counted / iteration
+    objective[:, 0] = -1.0  # k = 0 with a draft is never better than a plain decode
+    objective[~gain.reached] = -1.0
+    best = int(torch.argmax(objective))
+    s, nodes = divmod(best, size)
+    d, w = shapes[s]
+    plain = float(plain_ms)
+    choice = PlanChoice(
+        d, w, nodes, float(committed[s, nodes]) / n, float(committed[s, nodes] / iteration[s, nodes]),
+        n / plain, float(iteration[s, nodes]), plain, float(objective[s, nodes]), plain_counted / plain,
     )  # fmt: skip
+    if choice.objective <= choice.plain_objective:
+        return dataclasses.replace(choice, depth=0, nodes_per_request=0)
+    return choice
+
+
+def _counted(
+    expected: torch.Tensor, iteration_ms: torch.Tensor, group: SloBatch, surplus_weight: float
+) -> torch.Tensor:
+    """expected [S, K]: tokens an iteration of iteration_ms [S, K] commits for each request of
+    `group` (one SLO) -> [G, S, K]: those tokens as `plan_shape` counts them."""
+    tpot = group.tpot_slo_ms.view(-1, 1, 1)  # [G, 1, 1]
+    elapsed = group.decode_elapsed_ms.view(-1, 1, 1)
+    behind = (elapsed + iteration_ms) / tpot - group.tokens_out.view(-1, 1, 1)  # A(r) for T ms
+    need = torch.maximum(behind, iteration_ms / tpot)  # [G, S, K]
+    return torch.minimum(expected, need) + surplus_weight * (expected - need).clamp(min=0)
 
 
 def cost_budget(

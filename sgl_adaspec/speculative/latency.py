@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 # An observation this many times the median of those held is a stall, not a cost.
 STALL_FACTOR = 10.0
 

@@ -64,7 +64,8 @@ def test_tight_request_gets_its_quota_first_under_budget():
         decode_elapsed_ms=torch.tensor([100.0, 100.0], dtype=torch.float64),
         tokens_out=torch.tensor([5.0, 5.0], dtype=torch.float64),
     )
-    policy = AdaservePolicy(AdaserveConfig(budget=5))
+    # The paper's SLO phase (Algorithm 2, no per-request cap: the knee rule).
+    policy = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="knee"))
     policy.observe_iteration(10.0)
     selection, required, _ = policy.select(cands, slo)
     assert required.tolist() == [0.0, pytest.approx(6.0)]  # (100 + 10) / 10 - 5
@@ -112,7 +113,8 @@ def test_request_that_cannot_meet_its_slo_even_alone_is_served_best_effort():
         decode_elapsed_ms=torch.tensor([400.0, 400.0], dtype=torch.float64),
         tokens_out=torch.tensor([5.0, 5.0], dtype=torch.float64),
     )
-    policy = AdaservePolicy(AdaserveConfig(budget=5, tree=AdaptiveTreeConfig(max_depth=4)))
+    config = AdaserveConfig(budget=5, tree=AdaptiveTreeConfig(max_depth=4), budget_rule="knee")
+    policy = AdaservePolicy(config)
     policy.observe_iteration(40.0)
     selection, required, plan = policy.select(cands, slo)
     assert policy.infeasible(slo, plan).tolist() == [True, False]
@@ -122,7 +124,7 @@ def test_request_that_cannot_meet_its_slo_even_alone_is_served_best_effort():
 
 def test_draft_shape_follows_load_within_the_configured_search():
     tree = AdaptiveTreeConfig(verify_tokens_per_step=16, draft_tokens_per_step=8)
-    policy = AdaservePolicy(AdaserveConfig(tree=tree))
+    policy = AdaservePolicy(AdaserveConfig(tree=tree, budget_rule="knee"))  # eq. 8-9
     # n = 1: d = 15 and w = 8 clipped to the configured (4, 4); n = 4: (3, 2); n = 8: (1, 1).
     assert policy.draft_shape(1, 4, 4) == (4, 4)
     assert policy.draft_shape(4, 4, 4) == (3, 2)

@@ -9,54 +9,154 @@ import pytest
 import torch
 
 from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
-from sgl_adaspec.speculative.cost_rule import GainCurve, cost_budget, plan_depth
+from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.cost_rule import ShapeGain, cost_budget, plan_shape
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
 from sgl_adaspec.speculative.policies.base import make_outcome
 
 
 def linear_ms(fixed: float, per_token: float):
     """verify_ms(tokens, context) = fixed + per_token * (tokens - 1)."""
-    return lambda tokens, context=0: fixed + per_token * (torch.as_tensor(tokens, dtype=torch.float64) - 1)
+    return lambda tokens, context=0: (
+        fixed + per_token * (torch.as_tensor(tokens, dtype=torch.float64) - 1)
+    )
 
 
-def free_draft(steps, requests=1):
+def free_draft(steps, rows=1):
     return torch.zeros_like(torch.as_tensor(steps, dtype=torch.float64))
 
 
-def curve(per_node: float, nodes: int = 64) -> GainCurve:
-    gain = GainCurve(max_nodes=nodes)
-    gain.curve = per_node * torch.arange(nodes + 1, dtype=torch.float64)
+def beam(f_by_request: list[list[list[float]]]) -> Candidates:
+    """A beam per request in level layout: f_by_request[r][level] lists that level's nodes'
+    f (the same count at every level, best first); node i of a level hangs under node i of
+    the level above."""
+    tokens, parents, probs = [], [], []
+    for levels in f_by_request:
+        width = len(levels[0])
+        parents.append(
+            [
+                -1 if lvl == 0 else (lvl - 1) * width + i
+                for lvl in range(len(levels))
+                for i in range(width)
+            ]
+        )
+        probs.append([f for level in levels for f in level])
+        tokens.append(list(range(len(probs[-1]))))
+    return Candidates(
+        tokens=torch.tensor(tokens), parents=torch.tensor(parents),
+        path_prob=torch.tensor(probs, dtype=torch.float64), valid=torch.ones(len(tokens), len(tokens[0]), dtype=torch.bool),
+    )  # fmt: skip
+
+
+def flat_gain(per_node: float, depth: int, width: int, requests: int = 1) -> ShapeGain:
+    """Every node of a depth x width beam has f = per_node: a shape's k best give per_node * k."""
+    gain = ShapeGain(max_nodes=16)
+    gain.observe(beam([[[per_node] * width] * depth] * requests), depth, width)
+    gain.refresh(lambda f: f)
     return gain
+
+
+def slo(
+    tpot_ms: list[float], elapsed_ms: list[float] | None = None, tokens: list[float] | None = None
+):
+    n = len(tpot_ms)
+    return SloBatch(
+        torch.tensor(tpot_ms, dtype=torch.float64),
+        torch.tensor(elapsed_ms or [0.0] * n, dtype=torch.float64),
+        torch.tensor(tokens or [0.0] * n, dtype=torch.float64),
+    )
+
+
+def plan(gain, requests, verify, draft=free_draft, **kw):
+    return plan_shape(
+        slo=kw.pop("batch", None) or slo([math.nan] * requests), context_tokens=0, gain=gain,
+        verify_ms=verify, draft_ms=draft, plain_overhead_ms=0.0, **kw,
+    )  # fmt: skip
+
+
+def test_shape_gain_reads_every_smaller_shape_from_one_draft():
+    # One request, a 2 x 2 beam: level 1 f = .8, .1; level 2 f = .6 (under .8), .05 (under .1).
+    gain = ShapeGain(max_nodes=4)
+    gain.observe(beam([[[0.8, 0.1], [0.6, 0.05]]]), 2, 2)
+    gain.refresh(lambda f: f)
+    assert gain.curve(1, 1).tolist() == pytest.approx([0, 0.8, 0.8, 0.8, 0.8])
+    assert gain.curve(2, 1).tolist() == pytest.approx([0, 0.8, 1.4, 1.4, 1.4])  # the chain
+    assert gain.curve(1, 2).tolist() == pytest.approx([0, 0.8, 0.9, 0.9, 0.9])
+    assert gain.curve(2, 2).tolist() == pytest.approx([0, 0.8, 1.4, 1.5, 1.55])
+    gain.refresh(lambda f: f.sqrt())  # a new calibration re-reads the kept draft
+    assert gain.curve(2, 1)[2].item() == pytest.approx(0.8**0.5 + 0.6**0.5)
+    # A later, narrower draft updates only the shapes it reached.
+    gain.observe(beam([[[0.2], [0.1]]]), 2, 1)
+    gain.refresh(lambda f: f)
+    assert gain.curve(2, 1)[2].item() == pytest.approx((1.4 + 0.3) / 2)
+    assert gain.curve(2, 2)[4].item() == pytest.approx(1.55)
+    assert gain.covers(2, 2) and not gain.covers(3, 1)
+
+
+def test_shape_gain_keeps_a_table_per_slo_group():
+    gain = ShapeGain(max_nodes=2)
+    gain.observe(beam([[[0.9], [0.8]], [[0.3], [0.1]]]), 2, 1, groups=[20.0, None])
+    gain.refresh(lambda f: f)
+    assert gain.group_table(20.0)[1].tolist() == pytest.approx([0, 0.9, 1.7])
+    assert gain.group_table(None)[1].tolist() == pytest.approx([0, 0.6, 1.05])  # all requests
+    assert gain.group_table(50.0) is gain.table  # a group never seen reads the batch's
 
 
 def test_tokens_costing_more_than_they_return_give_no_speculation():
     # One more verified token costs as much as a whole decode (10 ms) and returns 0.9 tokens:
     # rate(k) = (1 + 0.9 k) / (10 (1 + k)) < 1 / 10 for every k >= 1.
-    choice = plan_depth(
-        num_requests=1, context_tokens=0, max_depth=4, width=2, gain=curve(0.9),
-        verify_ms=linear_ms(10.0, 10.0), draft_ms=free_draft, plain_overhead_ms=0.0,
-    )  # fmt: skip
+    choice = plan(flat_gain(0.9, 4, 2), 1, linear_ms(10.0, 10.0))
     assert choice.depth == 0 and choice.plain_tokens_per_ms == pytest.approx(0.1)
 
 
 def test_a_flat_cost_curve_gives_the_full_tree():
-    choice = plan_depth(
-        num_requests=4, context_tokens=0, max_depth=4, width=2, gain=curve(0.5),
-        verify_ms=linear_ms(10.0, 0.0), draft_ms=free_draft, plain_overhead_ms=0.0,
-    )  # fmt: skip
-    assert choice.depth == 4 and choice.nodes_per_request == 8  # every node of a 4 x 2 beam
+    choice = plan(flat_gain(0.5, 4, 2, requests=4), 4, linear_ms(10.0, 0.0))
+    assert (choice.depth, choice.width) == (4, 2)
+    assert choice.nodes_per_request == 8  # every node of the 4 x 2 beam
     assert choice.tokens_per_ms == pytest.approx(4 * (1 + 0.5 * 8) / 10.0)
 
 
 def test_draft_cost_decides_against_a_modest_gain():
     # Verify is free past the first token, but drafting costs 6 ms per step: depth 1 gives
     # (1 + 0.5) / (10 + 6) < 1 / 10, deeper is worse still.
-    choice = plan_depth(
-        num_requests=1, context_tokens=0, max_depth=3, width=1, gain=curve(0.5),
-        verify_ms=linear_ms(10.0, 0.0), draft_ms=lambda s, n: 6.0 * torch.as_tensor(s, dtype=torch.float64),
-        plain_overhead_ms=0.0,
-    )  # fmt: skip
+    six_per_step = lambda steps, rows: 6.0 * torch.as_tensor(steps, dtype=torch.float64)  # noqa: E731
+    choice = plan(flat_gain(0.5, 3, 1), 1, linear_ms(10.0, 0.0), six_per_step)
     assert choice.depth == 0
+
+
+def test_a_wide_beam_must_pay_for_its_draft_rows():
+    # 4 requests, each a 2 x 2 beam whose second branch is nearly worthless; verify 10 ms flat.
+    gain = ShapeGain(max_nodes=4)
+    gain.observe(beam([[[0.8, 0.05], [0.64, 0.01]]] * 4), 2, 2)
+    gain.refresh(lambda f: f)
+    # Rows cost 0.5 ms: chain (2, 1), 8 rows: 4 x 2.44 / 14 = .697 per ms; the full beam,
+    # 12 rows: 4 x 2.5 / 16 = .625; depth 1 (4 rows whatever the width): 4 x 1.85 / 12 = .617.
+    half_per_row = lambda steps, rows: 0.5 * torch.as_tensor(rows, dtype=torch.float64)  # noqa: E731
+    choice = plan(gain, 4, linear_ms(10.0, 0.0), half_per_row)
+    assert (choice.depth, choice.width, choice.nodes_per_request) == (2, 1, 2)
+    # With rows free, the side branch's 0.06 tokens are worth having.
+    assert (
+        plan(gain, 4, linear_ms(10.0, 0.0)).width,
+        plan(gain, 4, linear_ms(10.0, 0.0)).nodes_per_request,
+    ) == (2, 4)
+
+
+def test_speed_goes_to_the_requests_that_need_it():
+    """r0 (SLO 20 ms) has a draft that is almost always right, r1 (SLO 12 ms) one that never
+    is. Verify: 10 ms + 2 ms per extra token, draft free. Plain decode: 12 ms, both meet their
+    SLO. A 1-node chain each: 16 ms, more tokens in all (2.95 / 16 > 2 / 12), but r1 falls to
+    16 ms per token. Counted: plain (1 + 0.6 + 0.1 x 0.4) / 12 = .137; k = 1:
+    (1 + 0.8 + 0.1 x 1.15) / 16 = .120: the plan stays plain."""
+    gain = ShapeGain(max_nodes=4)
+    gain.observe(beam([[[0.95]] * 4, [[0.0]] * 4]), 4, 1, groups=[20.0, 12.0])
+    gain.refresh(lambda f: f)
+    batch = slo([20.0, 12.0])
+    choice = plan(gain, 2, linear_ms(10.0, 2.0), batch=batch)
+    assert choice.depth == 0
+    assert choice.plain_objective == pytest.approx((1 + 0.6 + 0.1 * 0.4) / 12)
+    # Without SLOs the same batch speculates: throughput is all that counts.
+    assert plan(gain, 2, linear_ms(10.0, 2.0)).depth > 0
 
 
 def test_cost_budget_stops_where_the_rate_peaks():
@@ -72,25 +172,15 @@ def test_cost_budget_with_unknown_latency_is_none():
     assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), 0.0, 0, lambda *a: None) is None
 
 
-def test_gain_curve_averages_each_requests_best_nodes():
-    gain = GainCurve(max_nodes=3)
-    f = torch.tensor([[0.2, 0.5], [0.8, 0.3]])
-    valid = torch.tensor([[True, True], [True, False]])
-    gain.observe(f, valid)
-    gain.refresh(lambda x: x)
-    # request 0: 0.5, 0.7; request 1: 0.8, 0.8 (its second node is padding) -> mean.
-    assert gain.curve.tolist() == pytest.approx([0.0, 0.65, 0.75, 0.75])
-    gain.refresh(lambda x: x.sqrt())  # a new calibration re-reads the kept draft
-    assert gain.curve[1].item() == pytest.approx((0.5**0.5 + 0.8**0.5) / 2)
-
-
 def test_calibration_learns_an_overconfident_draft():
     calibration = AcceptanceCalibration(prior_weight=1.0)
     # Two nodes of f = 0.8 verified, one draft token accepted on average: 0.8 ** g = 0.5.
     for _ in range(200):
         calibration.observe(torch.tensor([[0.8, 0.8]]), torch.tensor([1.0]))
     assert calibration.gamma == pytest.approx(math.log(0.5) / math.log(0.8), rel=0.05)
-    assert calibration.apply(torch.tensor([0.8, 0.0])).tolist() == pytest.approx([0.5, 0.0], abs=0.02)
+    assert calibration.apply(torch.tensor([0.8, 0.0])).tolist() == pytest.approx(
+        [0.5, 0.0], abs=0.02
+    )
 
 
 def test_calibration_learns_an_underconfident_chain():
@@ -125,17 +215,32 @@ def feed(policy: AdaservePolicy, verify_ms: float, iteration_ms: float, accepted
 
 def test_adaserve_stands_down_then_probes():
     policy = AdaservePolicy(AdaserveConfig(probe_interval=3))
+    one = slo([math.nan])
     # Measured: a 1-token verify 10 ms, 8 tokens 80 ms (every token a full decode's price).
     policy.verify_latency.seed([((1, 10), 10.0), ((8, 10), 80.0)])
-    policy.gain = curve(0.5)
-    assert policy.draft_shape(1, 4, 2) == (4, 2)  # no draft cost measured yet: eq. 8-9 shape
-    policy.draft_latency.seed([((1, 1), 2.0), ((4, 1), 8.0)])
-    shapes = [policy.draft_shape(1, 4, 2)[0] for _ in range(9)]
-    # 3 plain iterations, a probe (a cold depth-1 draft, then a measured one), plain again.
-    assert shapes[:3] == [0, 0, 0]
-    assert shapes[3] == 1 and shapes[4] >= 1
-    assert shapes[5:] == [0, 0, 0, 0]  # the next probe waits twice as long
+    policy.gain = flat_gain(0.5, 4, 2)
+    assert policy.draft_shape(1, 4, 2, one) == (4, 2)  # no draft cost measured: the full shape
+    policy.draft_latency.seed([((1, 1), 2.0), ((4, 7), 8.0)])
+    shapes = [policy.draft_shape(1, 4, 2, one) for _ in range(9)]
+    # 3 plain iterations, a probe (a cold depth-1 chain, then a full draft), plain again.
+    assert [d for d, _ in shapes[:3]] == [0, 0, 0]
+    assert shapes[3] == (1, 1) and shapes[4] == (4, 2)
+    assert [d for d, _ in shapes[5:]] == [0, 0, 0, 0]  # the next probe waits twice as long
     assert policy.stats.last_plan["speculate"] is False
+
+
+def test_adaserve_explores_the_full_shape_and_a_one_step_chain():
+    policy = AdaservePolicy(AdaserveConfig(explore_interval=4))
+    one = slo([math.nan])
+    policy.verify_latency.seed([((1, 10), 10.0), ((3, 10), 10.0)])  # verify is flat
+    policy.draft_latency.seed([((1, 1), 1.0), ((4, 7), 4.0)])  # 1 ms per step
+    # The chain is as good as the tree and 2 deep is where the rate peaks: (1 + 1.6) / 12.
+    gain = ShapeGain(max_nodes=8)
+    gain.observe(beam([[[0.8, 0.0], [0.8, 0.0], [0.05, 0.0], [0.05, 0.0]]]), 4, 2)
+    gain.refresh(lambda f: f)
+    policy.gain = gain
+    shapes = [policy.draft_shape(1, 4, 2, one) for _ in range(8)]
+    assert shapes == [(2, 1)] * 3 + [(4, 2)] + [(2, 1)] * 3 + [(1, 1)]
 
 
 def test_adaserve_plain_outcome_is_counted_apart():

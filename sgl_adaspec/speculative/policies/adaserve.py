@@ -28,7 +28,13 @@ from sgl_adaspec.flags import check_flags, flag
 from sgl_adaspec.scheduler.slo import SloBatch, required_tokens
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, tree_shape
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.cost_rule import GainCurve, cost_budget, plan_depth
+from sgl_adaspec.speculative.cost_rule import (
+    ShapeGain,
+    cost_budget,
+    draft_rows,
+    plan_shape,
+    slo_group_keys,
+)
 from sgl_adaspec.speculative.policies.base import (
     Decision,
     IterationInput,
@@ -92,6 +98,9 @@ class AdaserveConfig:
     # Iterations run without speculation between two probes of it (doubling, up to 16x, while
     # probes keep finding that it does not pay).
     probe_interval: int = 16
+    # Speculative iterations between two exploring drafts (the full configured shape, which
+    # keeps the gain of shapes larger than the planned one known, or a depth-1 chain).
+    explore_interval: int = 16
     tree: AdaptiveTreeConfig = field(default_factory=AdaptiveTreeConfig)
     # TPOT without speculation, for SLO classes relative to it; None: estimated online as the
     # smoothed latency of the target's verify pass (one target forward, like a plain decode step).
@@ -100,8 +109,9 @@ class AdaserveConfig:
     def __post_init__(self) -> None:
         check_flags(self, "adaserve")
         check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
-        if self.probe_interval < 1:
-            raise ValueError(f"adaserve probe_interval must be >= 1, got {self.probe_interval}")
+        for name in ("probe_interval", "explore_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"adaserve {name} must be >= 1, got {getattr(self, name)}")
         shape = {
             name: getattr(self, name)
             for name in ("verify_tokens_per_step", "draft_tokens_per_step")
@@ -135,14 +145,16 @@ class Plan:
 @dataclass
 class AdaservePolicy(PolicyBase):
     config: AdaserveConfig = field(default_factory=AdaserveConfig)
-    # Expected accepted draft tokens of a request's k best nodes (calibrated), learned.
-    gain: GainCurve = field(default_factory=GainCurve)
+    # Expected accepted draft tokens per draft shape and node count (calibrated), learned.
+    gain: ShapeGain = field(default_factory=ShapeGain)
     _context_tokens: int = field(default=0, repr=False)
     _plain_run: int = field(default=0, repr=False)  # plain iterations since the last probe
     _probe_every: int = field(default=0, repr=False)
     _probe_left: int = field(default=0, repr=False)  # speculative iterations the probe still runs
     _cold: bool = field(default=False, repr=False)  # this draft follows a plain iteration
-    # The last plan and what it was computed from (see `_cost_depth`).
+    _since_explore: int = field(default=0, repr=False)  # speculative iterations since one
+    _explores: int = field(default=0, repr=False)
+    # The last plan and what it was computed from (see `_cost_plan`).
     _plan_cache: tuple = field(default=(None, None), repr=False)
 
     def __post_init__(self) -> None:
@@ -151,69 +163,88 @@ class AdaservePolicy(PolicyBase):
         self._probe_every = self.config.probe_interval
         super().__post_init__()
 
-    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
-        """(d, w) of this iteration's draft. Eq. 8-9's load-adaptive shape, so the draft's own
-        work shrinks under load; with the cost rule, d is 0 (no speculation) when a plain
-        decode's expected tokens per ms beat the best tree of that shape. While not
-        speculating, every `probe_interval` iterations it speculates twice (the first draft
-        is cold after plain iterations) to re-measure what speculation returns."""
-        depth, width = tree_shape(num_requests, self.config.tree)
-        depth, width = min(depth, steps), min(width, topk)
+    def draft_shape(
+        self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
+    ) -> tuple[int, int]:
+        """(d, w) of this iteration's draft, within the configured search (steps, topk).
+
+        Knee rule: eq. 8-9's load-adaptive shape. Cost rule: the shape whose expected tokens
+        per ms is highest (`cost_rule.plan_shape`), and d = 0 (no speculation) when a plain
+        decode's is higher. The full configured shape runs first, every `explore_interval`
+        speculative iterations, and in probes, so every shape's gain stays measured. While not
+        speculating, every `probe_interval` iterations (doubling while probes find that it does
+        not pay) a probe speculates twice: a cold depth-1 chain (the draft state is stale after
+        plain iterations), then a full draft that re-measures what speculation returns."""
         if self.config.budget_rule == "knee":
-            return depth, width
+            depth, width = tree_shape(num_requests, self.config.tree)
+            return min(depth, steps), min(width, topk)
+        full = (steps, topk)
         was_plain = self._plain_run > 0 or self._probe_left > 0
-        planned = self._cost_depth(num_requests, depth, width)
+        planned = None if slo is None else self._cost_plan(slo)
         if planned is not None and planned.depth == 0:
             if self._probe_left == 0 and self._plain_run < self._probe_every:
                 self._plain_run += 1
                 self.stats.last_plan = self._plan_report(planned)
-                return 0, width
+                return 0, topk
             if self._probe_left == 0:  # a probe: a cold draft, then a measured one
                 self._probe_left, self._plain_run = 2, 0
                 self._probe_every = min(2 * self._probe_every, 16 * self.config.probe_interval)
-        elif planned is not None:
-            if self._probe_left == 0:
-                self._probe_every = self.config.probe_interval
+        elif planned is not None and self._probe_left == 0:
+            self._probe_every = self.config.probe_interval
         self._cold = was_plain and self._probe_left == 2
+        self._plain_run = 0
         if self._probe_left > 0:
             self._probe_left -= 1
-            if self._cold:
-                depth = 1
-        self._plain_run = 0
+            shape = (1, 1) if self._cold else full
+        elif planned is None:
+            shape = full
+        elif self._since_explore + 1 >= self.config.explore_interval:
+            # Alternately the full shape (the gain of every shape) and a depth-1 chain (the
+            # draft's cost at one step: with the planned depth alone, the cost per step and
+            # the fixed cost could not be told apart).
+            self._explores += 1
+            shape = full if self._explores % 2 else (1, 1)
+        else:
+            shape = (planned.depth, planned.width)
+        explored = planned is None or shape != (planned.depth, planned.width)
+        self._since_explore = 0 if explored else self._since_explore + 1
         if planned is not None:
-            self.stats.last_plan = {**self._plan_report(planned), "depth": depth}
-        return depth, width
+            self.stats.last_plan = {
+                **self._plan_report(planned), "depth": shape[0], "width": shape[1]
+            }  # fmt: skip
+        return shape
 
     def _plan_report(self, planned) -> dict:
         """The plan for /server_info, with the learned inputs behind it."""
-        curve = self.gain.curve
+        curve = self.gain.curve(planned.depth, planned.width)
         return {
             **planned.as_dict(),
             "acceptance_gamma": round(self.acceptance.gamma, 4),
             "gain_curve": None if curve is None else [round(x, 3) for x in curve[:9].tolist()],
         }
 
-    def _cost_depth(self, num_requests: int, max_depth: int, width: int):
+    def _cost_plan(self, slo: SloBatch):
         """The cost model's plan for the next draft (None until it has measurements). Reused
-        while its inputs stand: the models' fits, the batch, and the context within ~9 %
-        (planning costs ~0.3 ms of torch calls, a fair share of a small model's plain decode)."""
+        while its inputs stand: the models' fits, the batch's SLOs, the gain and calibration,
+        and the context within ~9 % (planning costs a fair share of a small model's plain
+        decode)."""
         verify = self.verify_latency
         if verify.num_observations < 2 or not self.gain.known:
             return None
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
         key = (
-            num_requests, max_depth, width, verify.version, self.draft_latency.version,
-            self.gain.version, self.acceptance.version,
-            int(8 * math.log2(1 + self._context_tokens)),
+            verify.version, self.draft_latency.version, self.gain.version,
+            self.acceptance.version, int(8 * math.log2(1 + self._context_tokens)),
+            tuple(slo.tpot_slo_ms.nan_to_num(-1.0).tolist()),
+            tuple(slo.tokens_out.tolist()),
         )  # fmt: skip
         if self._plan_cache[0] == key:
             return self._plan_cache[1]
-        self.gain.refresh(self.acceptance.apply)
-        planned = plan_depth(
-            num_requests=num_requests,
+        if self._plan_cache[0] is None or self._plan_cache[0][2:4] != key[2:4]:
+            self.gain.refresh(self.acceptance.apply)
+        planned = plan_shape(
+            slo=slo,
             context_tokens=self._context_tokens,
-            max_depth=max_depth,
-            width=width,
             gain=self.gain,
             verify_ms=verify.predict_tensor,
             draft_ms=self.draft_latency.predict_tensor,
@@ -230,8 +261,12 @@ class AdaservePolicy(PolicyBase):
         return Plan(depth, width, budget)
 
     def select(
-        self, cands: Candidates, slo: SloBatch, draft_steps: int | None = None,
+        self,
+        cands: Candidates,
+        slo: SloBatch,
+        draft_steps: int | None = None,
         context_tokens: int = 0,
+        draft_width: int | None = None,
     ) -> tuple[Selection, torch.Tensor, Plan]:
         """Returns the selection, A(r) [B] it was computed for (0 for requests served best
         effort, see `infeasible`), and the plan it followed."""
@@ -239,30 +274,44 @@ class AdaservePolicy(PolicyBase):
         if self.config.budget_rule == "cost":
             # The draft already ran at its own shape: select within it.
             depth = draft_steps if draft_steps is not None else int(cands.max_depth.max())
-            plan = Plan(depth, plan.width, plan.budget)
+            plan = Plan(depth, draft_width or plan.width, plan.budget)
         shaped = restrict_to_shape(cands, plan.depth, plan.width)
         if self.config.budget_rule == "cost":
             calibrated = self.acceptance.apply(shaped.path_prob)
             if not self._cold:
-                self.gain.observe(shaped.path_prob, shaped.valid)
-            sunk_ms = self.draft_latency.predict((plan.depth, cands.num_requests)) or 0.0
+                self.gain.observe(shaped, plan.depth, plan.width, slo_group_keys(slo.tpot_slo_ms))
+            rows = draft_rows(plan.depth, plan.width, cands.num_requests)
+            sunk_ms = self.draft_latency.predict((plan.depth, rows)) or 0.0
             budget = cost_budget(
-                calibrated, shaped.valid, sunk_ms, context_tokens, self.verify_latency.predict_tensor
+                calibrated,
+                shaped.valid,
+                sunk_ms,
+                context_tokens,
+                self.verify_latency.predict_tensor,
             )
             if budget is not None:
                 plan = Plan(plan.depth, plan.width, min(budget, plan.budget))
+            # A(r) counts accepted tokens: the SLO phase reads calibrated f' as well.
+            shaped = shaped.with_path_prob(calibrated)
         required = required_tokens(slo, self.t_spec_ms or 0.0)
         required = torch.where(self.infeasible(slo, plan), 0.0, required)
         n_max = self.config.max_nodes_per_request
-        selection = select_adaserve(
-            shaped, required, plan.budget, cands.num_nodes if n_max is None else n_max
-        )
+        if n_max is None and self.config.budget_rule == "cost":
+            # As AdaServe's public code: the SLO phase gives one request at most ~1.2 B / n
+            # nodes, so a request whose tree cannot reach A(r) does not drain the budget.
+            n = cands.num_requests
+            n_max = math.ceil(1.2 * max(plan.budget - n, 0) / n)
+        elif n_max is None:
+            n_max = cands.num_nodes
+        selection = select_adaserve(shaped, required, plan.budget, n_max)
         return selection, required, plan
 
     def decide(self, it: IterationInput) -> Decision:
         context = int(it.context_lens.sum())
         self._context_tokens = context
-        selection, _required, plan = self.select(it.cands, it.slo, it.draft_steps, context)
+        selection, _required, plan = self.select(
+            it.cands, it.slo, it.draft_steps, context, it.draft_topk
+        )
         return Decision(
             selection, plan.depth, plan.width, plan.budget, self.infeasible(it.slo, plan)
         )

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sgl_adaspec.flags import ConfigError, check_flags, flag
+from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.policies.base import (
     Decision,
     IterationInput,
@@ -295,7 +296,9 @@ class AdaspecPolicy(PolicyBase):
             return None
         return IterationCost(self.draft_step_ms or 0.0, verify_ms)
 
-    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
+    def draft_shape(
+        self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
+    ) -> tuple[int, int]:
         """A chain (width-1 beam: the draft's argmax at every step, 1 / topk of the draft rows)
         one step deeper than the depth the drafter chose last (predict), so the decision on
         the drafted chain (execute, correct) can keep, cut or grow it by one."""

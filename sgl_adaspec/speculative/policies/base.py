@@ -29,6 +29,7 @@ import torch
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.cost_rule import draft_rows
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan
 from sgl_adaspec.speculative.latency import LinearLatency
 from sgl_adaspec.speculative.selection import Selection
@@ -64,7 +65,9 @@ class IterationInput:
                 f"shape {tuple(self.context_lens.shape)}"
             )
         if self.slo.tpot_slo_ms.shape != (bsz,):
-            raise ValueError(f"IterationInput: slo is for {self.slo.tpot_slo_ms.shape[0]} requests, not {bsz}")
+            raise ValueError(
+                f"IterationInput: slo is for {self.slo.tpot_slo_ms.shape[0]} requests, not {bsz}"
+            )
 
 
 @dataclass(frozen=True)
@@ -179,8 +182,8 @@ class PolicyBase:
     verify_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
     draft_step_ms: float | None = None
     # What an iteration costs besides the verify pass: with speculation, vs (draft steps,
-    # running requests) (draft forwards, draft extend, tree building, the scheduler's work:
-    # the intercept is the fixed price of speculating); without, the plain decode's own.
+    # draft rows: `cost_rule.draft_rows`) (draft forwards, draft extend, tree building, the
+    # scheduler's work: the intercept is the fixed price of speculating); without, the plain decode's own.
     draft_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
     plain_overhead_ms: float | None = None
     # Maps the draft's path probability to the acceptance the target shows (learned online).
@@ -217,13 +220,18 @@ class PolicyBase:
                     outcome.depth, outcome.width,
                 )  # fmt: skip
         if outcome.speculated:
-            self.observe_iteration(outcome.iteration_ms, outcome.draft_steps, len(outcome.rids))
+            self.observe_iteration(
+                outcome.iteration_ms, outcome.draft_steps, len(outcome.rids), outcome.draft_width
+            )
         else:
             self.observe_plain_iteration(outcome.iteration_ms)
 
-    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
+    def draft_shape(
+        self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
+    ) -> tuple[int, int]:
         """(depth, width) of the draft's beam search this iteration, asked before the draft
-        runs, within the configured (steps, topk). Default: the configured search."""
+        runs, within the configured (steps, topk); `slo`: the running requests' SLO state.
+        Default: the configured search."""
         return steps, topk
 
     def _smooth(self, old: float | None, new: float) -> float:
@@ -240,16 +248,18 @@ class PolicyBase:
         self.stats.baseline_tpot_ms = self.baseline_tpot_ms()
 
     def observe_iteration(
-        self, latency_ms: float, draft_steps: int = 0, num_requests: int = 1
+        self, latency_ms: float, draft_steps: int = 0, num_requests: int = 1, draft_width: int = 1
     ) -> None:
         """Wall time of one speculative iteration; with the verify pass just observed, what
-        remains is the draft's share, `draft_steps` steps for `num_requests` requests."""
+        remains is the draft's share: `draft_steps` steps of a `draft_width` beam for
+        `num_requests` requests."""
         self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
         self.stats.t_spec_ms = self.t_spec_ms
         if draft_steps > 0 and self._last_verify_ms is not None:
             rest_ms = max(latency_ms - self._last_verify_ms, 0.0)
             self.draft_step_ms = self._smooth(self.draft_step_ms, rest_ms / draft_steps)
-            self.draft_latency.observe((draft_steps, num_requests), rest_ms)
+            rows = draft_rows(draft_steps, draft_width, num_requests)
+            self.draft_latency.observe((draft_steps, rows), rest_ms)
         self._last_verify_ms = None
 
     def observe_plain_iteration(self, latency_ms: float) -> None:

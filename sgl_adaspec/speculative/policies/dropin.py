@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sgl_adaspec.flags import check_flags, flag
+from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.base import (
     Decision,
@@ -94,9 +95,7 @@ class DropinConfig:
 # --- the paper's formulas, as pure functions ----------------------------------------------------
 
 
-def mle_acceptance(
-    accepted: Sequence[int], windows: Sequence[int], acc_max: float
-) -> float | None:
+def mle_acceptance(accepted: Sequence[int], windows: Sequence[int], acc_max: float) -> float | None:
     """Per-token acceptance beta from verifications j with V_j = accepted[j] draft tokens
     accepted out of windows[j] (eq. 2): sum V / (sum V + #{j : V_j < k_j}), capped at acc_max.
 
@@ -199,7 +198,9 @@ class DropinPolicy(PolicyBase):
     def needs_history(self) -> bool:
         return self.config.variant is DropinVariant.CACHE_FSM
 
-    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
+    def draft_shape(
+        self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
+    ) -> tuple[int, int]:
         """The configured width, one step deeper than the deepest window of the running
         requests (so a window can grow by one per iteration); the full depth before any."""
         windows = [state.window for state in self._requests.values()]

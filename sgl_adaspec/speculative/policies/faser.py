@@ -41,6 +41,7 @@ from typing import NamedTuple
 import torch
 
 from sgl_adaspec.flags import ConfigError, check_flags, flag
+from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan, expected_rejected
 from sgl_adaspec.speculative.policies.base import (
     Decision,
@@ -335,7 +336,9 @@ class FaserPolicy(PolicyBase):
         # T / eps into the latter and swamp the GP.
         return cost_per_committed_token(latency, committed_mean, self.config.eps), count
 
-    def early_exit_plan(self, lengths: torch.Tensor, chosen: torch.Tensor, means) -> EarlyExitPlan | None:
+    def early_exit_plan(
+        self, lengths: torch.Tensor, chosen: torch.Tensor, means
+    ) -> EarlyExitPlan | None:
         """The verify pass's early exit for requests verifying `chosen` [B] of `lengths` [S]."""
         cfg = self.config
         if cfg.early_exit == "off" or chosen.numel() == 0:
@@ -381,7 +384,9 @@ class FaserPolicy(PolicyBase):
         mean, var = gp_posterior(x.expand_as(y), y, noise_var, observed, x, cfg.lengthscale)
         return lengths[lcb_argmin(mean, var, cfg.beta)]
 
-    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
+    def draft_shape(
+        self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
+    ) -> tuple[int, int]:
         """A chain policy reads only each request's most probable chain, which a width-1 beam
         drafts (the draft's argmax at every step) at 1 / topk of the draft rows."""
         return max(self.candidate_lengths(steps)), 1
@@ -417,9 +422,9 @@ class FaserPolicy(PolicyBase):
             self._pending.append((rid, length, max(float(num_accepted) - 1.0, 0.0), bsz))
 
     def observe_iteration(
-        self, latency_ms: float, draft_steps: int = 0, num_requests: int = 1
+        self, latency_ms: float, draft_steps: int = 0, num_requests: int = 1, draft_width: int = 1
     ) -> None:
-        super().observe_iteration(latency_ms, draft_steps, num_requests)
+        super().observe_iteration(latency_ms, draft_steps, num_requests, draft_width)
         self._flush(latency_ms)
 
     def _flush(self, latency_ms: float | None) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sgl_adaspec.flags import ConfigError, check_flags, flag
+from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.policies.base import (
     Decision,
     IterationInput,
@@ -86,7 +87,9 @@ class TetrisPolicy(PolicyBase):
         self.config.check_steps(draft_steps)
         return draft_steps - self.config.extra
 
-    def draft_shape(self, num_requests: int, steps: int, topk: int) -> tuple[int, int]:
+    def draft_shape(
+        self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
+    ) -> tuple[int, int]:
         """A chain policy reads only each request's most probable chain, which a width-1 beam
         drafts (the draft's argmax at every step) at 1 / topk of the draft rows."""
         return steps, 1

@@ -67,8 +67,9 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     request_state.track_requests(batch.reqs, policy)
     start = clock.cycle_start(time.perf_counter())
     with iteration_scope() as scope:
+        slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
         scope.draft_shape = policy.draft_shape(
-            num_requests, worker.speculative_num_steps, worker.topk
+            num_requests, worker.speculative_num_steps, worker.topk, slo
         )
         scope.plain = scope.draft_shape[0] == 0
         if scope.plain:
