@@ -108,13 +108,17 @@ def main() -> int:
         models = ensure_models()
         target, draft = models.target, models.eagle_draft
         shape = eagle_flags(draft)
-        print(f"model: {target.name} (tiny local Llama, random weights) with EAGLE draft "
-              f"{draft.name}; steps 3, topk 2, 6 draft tokens; device cpu")
+        print(
+            f"model: {target.name} (tiny local Llama, random weights) with EAGLE draft "
+            f"{draft.name}; steps 3, topk 2, 6 draft tokens; device cpu"
+        )
     else:
         target, draft = prepare_smollm2(), SMOLLM2_DRAFT
         shape = eagle_flags(draft, steps=4, topk=2, num_draft_tokens=8)
-        print(f"model: {target.name} with the project's EAGLE draft {draft.name}; steps 4, "
-              f"topk 2, 8 draft tokens; device cpu")
+        print(
+            f"model: {target.name} with the project's EAGLE draft {draft.name}; steps 4, "
+            f"topk 2, 8 draft tokens; device cpu"
+        )
     logs = Path(tempfile.mkdtemp(prefix="sgl_adaspec_demo_"))
     print("starting the baseline server (no speculation) to measure the baseline TPOT ...")
     with Server(target, log_path=logs / "baseline.log") as baseline:
@@ -124,8 +128,10 @@ def main() -> int:
     reachable = {name: ms >= base_ms for name, ms in slos.items()}
     for name, ms in slos.items():
         if not reachable[name]:
-            print(f"class {name}: SLO {ms:.2f} ms is below this machine's TPOT without "
-                  "speculation: out of reach here (left out of the attainment)")
+            print(
+                f"class {name}: SLO {ms:.2f} ms is below this machine's TPOT without "
+                "speculation: out of reach here (left out of the attainment)"
+            )
 
     print("starting the server with --spec-policy adaserve ...")
     flags = (*shape, "--spec-policy", "adaserve")
@@ -133,13 +139,17 @@ def main() -> int:
         with concurrent.futures.ThreadPoolExecutor(len(slos)) as pool:
             # Warm-up, as for the baseline: the server's first speculative iterations pay its
             # lazy set-up (seconds on CPU), and the cost model learns what speculation returns.
-            list(pool.map(lambda p: stream_generate(server.url, p, MAX_NEW_TOKENS), PROMPTS.values()))
+            list(
+                pool.map(lambda p: stream_generate(server.url, p, MAX_NEW_TOKENS), PROMPTS.values())
+            )
             outcomes = list(pool.map(lambda item: send(server.url, *item), slos.items()))
         info = requests.get(f"{server.url}/server_info", timeout=60).json()
     stats = info["internal_states"][0]["adaspec"]["stats"]
 
-    print(f"{'class':<14}{'SLO ms':>9}{'TPOT ms':>9}{'met':>5}{'tokens':>8}"
-          f"{'verifies':>10}{'accept len':>12}  chose")
+    print(
+        f"{'class':<14}{'SLO ms':>9}{'TPOT ms':>9}{'met':>5}{'tokens':>8}"
+        f"{'verifies':>10}{'accept len':>12}  chose"
+    )
     for o in outcomes:
         if o.verified_per_iteration is not None:
             chose = f"speculation, {o.verified_per_iteration:.1f} verified tokens per iteration"
@@ -149,18 +159,26 @@ def main() -> int:
                 else "mostly no speculation" if o.accept_length > 1.0 else "no speculation"
             )  # fmt: skip
         met = ("yes" if o.met else "no") if reachable[o.slo_class] else "n/a"
-        print(f"{o.slo_class:<14}{o.tpot_slo_ms:>9.2f}{o.tpot_ms:>9.2f}{met:>5}"
-              f"{o.completion_tokens:>8}{o.verify_passes:>10}{o.accept_length:>12.2f}  {chose}")
+        print(
+            f"{o.slo_class:<14}{o.tpot_slo_ms:>9.2f}{o.tpot_ms:>9.2f}{met:>5}"
+            f"{o.completion_tokens:>8}{o.verify_passes:>10}{o.accept_length:>12.2f}  {chose}"
+        )
     plan = stats.get("last_plan")
-    print(f"iterations: {stats['iterations']} speculative, {stats['plain_iterations']} without "
-          "speculation")
+    print(
+        f"iterations: {stats['iterations']} speculative, {stats['plain_iterations']} without "
+        "speculation"
+    )
     if plan:
-        print(f"last plan: {'speculate' if plan['speculate'] else 'no speculation'}; expected "
-              f"{plan['tokens_per_ms']:.4f} tokens/ms with the best tree "
-              f"({plan['expected_accepted_per_request']:.2f} tokens per request in a "
-              f"{plan['iteration_ms']:.1f} ms iteration) vs {plan['plain_tokens_per_ms']:.4f} "
-              f"without ({plan['plain_ms']:.1f} ms); acceptance calibration gamma "
-              f"{plan['acceptance_gamma']:.2f}")
+        shape = f"depth {plan['depth']} x width {plan['width']}, " if plan["speculate"] else ""
+        print(
+            f"last plan: {'speculate' if plan['speculate'] else 'no speculation'}; best draft "
+            f"{shape}{plan['expected_accepted_per_request']:.2f} tokens per request in a "
+            f"{plan['iteration_ms']:.1f} ms iteration ({plan['tokens_per_ms']:.4f} tokens/ms) "
+            f"vs {plan['plain_tokens_per_ms']:.4f} tokens/ms without ({plan['plain_ms']:.1f} "
+            "ms)"
+        )
+        curve = ", ".join(f"{f:g}->{g:g}" for f, g in plan["acceptance_curve"])
+        print(f"acceptance calibration (draft f -> observed): {curve}")
     if args.keep_logs:
         print(f"server logs: {logs}")
     judged = [o for o in outcomes if reachable[o.slo_class]]

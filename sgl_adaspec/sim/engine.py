@@ -197,9 +197,9 @@ def _decode_iteration(
     context_lens = workload.prompt_tokens[running] + tokens[running]
     decision = policy.decide(slo, draft, tuple(str(i) for i in running), context_lens)
     if decision.trees is None:
-        accepted = np.zeros(running.size, dtype=np.int64)
+        accepted, deepest = np.zeros(running.size, dtype=np.int64), None
     else:
-        accepted = accept_walk(decision.trees, decision.selected, rng)
+        accepted, deepest = accept_walk(decision.trees, decision.selected, rng)
     context = int(context_lens.sum())
     draft_ms = sum(latency.draft_step_ms(t, context) for t in decision.draft_forward_tokens)
     verified = int(decision.verified.sum())
@@ -208,7 +208,7 @@ def _decode_iteration(
     remaining = workload.output_tokens[running] - tokens[running]
     committed = np.minimum(accepted + 1, remaining)
     tokens[running] += committed
-    policy.observe(decision, accepted, elapsed_ms, verify_ms)
+    policy.observe(decision, accepted, elapsed_ms, verify_ms, deepest)
     result.iterations += 1
     result.request_iterations += running.size
     result.verified_tokens += verified

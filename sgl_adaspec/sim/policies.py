@@ -66,9 +66,15 @@ class SimPolicy(Protocol):
         """rids [B]: stable request ids; context_lens [B]: tokens in each request's KV."""
 
     def observe(
-        self, decision: Decision, accepted: np.ndarray, latency_ms: float, verify_ms: float
+        self,
+        decision: Decision,
+        accepted: np.ndarray,
+        latency_ms: float,
+        verify_ms: float,
+        deepest: np.ndarray | None = None,
     ) -> None:
-        """accepted [B]: draft tokens accepted per request (bonus not counted)."""
+        """accepted [B]: draft tokens accepted per request (bonus not counted); deepest [B]:
+        each request's deepest accepted node (-1: none; None without speculation)."""
 
 
 def _beam_forwards(num_requests: int, depth: int, width: int) -> tuple[int, ...]:
@@ -89,7 +95,7 @@ class NoSpeculation:
     def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
         return _plain(slo.num_requests)
 
-    def observe(self, decision, accepted, latency_ms, verify_ms) -> None:
+    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None) -> None:
         pass
 
 
@@ -113,7 +119,7 @@ class StaticTree:
             self.width,
         )
 
-    def observe(self, decision, accepted, latency_ms, verify_ms) -> None:
+    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None) -> None:
         pass
 
 
@@ -185,7 +191,7 @@ class AdaptiveSteps:
         verified = np.full(num_requests, steps + 1, dtype=np.int64)
         return Decision((num_requests,) * steps, trees, selected, verified, steps, 1)
 
-    def observe(self, decision, accepted, latency_ms, verify_ms) -> None:
+    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None) -> None:
         tier = self.tier(len(decision.verified))
         if tier.steps > 0:
             w = self.ema_weight
@@ -262,7 +268,7 @@ class ServerPolicy:
             decision.budget,
         )
 
-    def observe(self, decision, accepted, latency_ms, verify_ms) -> None:
+    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None) -> None:
         it, server_decision, rids, context = self._pending
         if server_decision is None:
             self.policy.stats.observe_plain(len(rids))
@@ -274,6 +280,7 @@ class ServerPolicy:
             accepted=torch.from_numpy(accepted + 1),
             verify_ms=verify_ms,
             iteration_ms=latency_ms,
+            deepest_accepted=None if deepest is None else torch.from_numpy(deepest),
         )
         self.policy.observe(outcome)
 

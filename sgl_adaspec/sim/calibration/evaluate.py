@@ -18,7 +18,7 @@ def simulated_chain_accept(model: AcceptanceModel, cls: str, depth: int, n: int 
     alpha, beta = model.class_params([cls] * n)
     rng = np.random.default_rng(0)
     trees = draft_trees(model, rng, alpha, beta, depth, 1)
-    return float(accept_walk(trees, np.ones(trees.parents.shape, bool), rng).mean())
+    return float(accept_walk(trees, np.ones(trees.parents.shape, bool), rng)[0].mean())
 
 
 def evaluation(classes: dict[str, ClassAcceptance], model: AcceptanceModel) -> dict:

@@ -45,6 +45,8 @@ from sgl_adaspec.speculative.selection import Selection, select_adaserve
 from sgl_adaspec.speculative.shapes import restrict_to_shape
 
 BUDGET_RULES = ("cost", "knee")
+# Iterations one cost plan may serve while its inputs stand (see `_cost_plan`).
+PLAN_REUSE = 8
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ class AdaservePolicy(PolicyBase):
     _since_explore: int = field(default=0, repr=False)  # speculative iterations since one
     _explores: int = field(default=0, repr=False)
     # The last plan and what it was computed from (see `_cost_plan`).
-    _plan_cache: tuple = field(default=(None, None), repr=False)
+    _plan_cache: tuple = field(default=(None, None, 0), repr=False)  # key, plan, uses
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
@@ -219,15 +221,16 @@ class AdaservePolicy(PolicyBase):
         curve = self.gain.curve(planned.depth, planned.width)
         return {
             **planned.as_dict(),
-            "acceptance_gamma": round(self.acceptance.gamma, 4),
+            "acceptance_curve": self.acceptance.curve(),
             "gain_curve": None if curve is None else [round(x, 3) for x in curve[:9].tolist()],
         }
 
     def _cost_plan(self, slo: SloBatch):
         """The cost model's plan for the next draft (None until it has measurements). Reused
-        while its inputs stand: the models' fits, the batch's SLOs, the gain and calibration,
-        and the context within ~9 % (planning costs a fair share of a small model's plain
-        decode)."""
+        while its inputs stand (the models' fits, the gain and calibration, the batch's SLOs,
+        the context within ~9 %) for up to `PLAN_REUSE` iterations, as the requests' progress
+        moves their needs slowly: planning costs ~1 ms of torch calls, a fair share of a small
+        model's plain decode."""
         verify = self.verify_latency
         if verify.num_observations < 2 or not self.gain.known:
             return None
@@ -236,11 +239,12 @@ class AdaservePolicy(PolicyBase):
             verify.version, self.draft_latency.version, self.gain.version,
             self.acceptance.version, int(8 * math.log2(1 + self._context_tokens)),
             tuple(slo.tpot_slo_ms.nan_to_num(-1.0).tolist()),
-            tuple(slo.tokens_out.tolist()),
         )  # fmt: skip
-        if self._plan_cache[0] == key:
-            return self._plan_cache[1]
-        if self._plan_cache[0] is None or self._plan_cache[0][2:4] != key[2:4]:
+        cached_key, cached_plan, uses = self._plan_cache
+        if cached_key == key and uses < PLAN_REUSE:
+            self._plan_cache = (key, cached_plan, uses + 1)
+            return cached_plan
+        if cached_key is None or cached_key[2:4] != key[2:4]:
             self.gain.refresh(self.acceptance.apply)
         planned = plan_shape(
             slo=slo,
@@ -250,7 +254,7 @@ class AdaservePolicy(PolicyBase):
             draft_ms=self.draft_latency.predict_tensor,
             plain_overhead_ms=self.plain_overhead_ms or 0.0,
         )
-        self._plan_cache = (key, planned)
+        self._plan_cache = (key, planned, 1)
         return planned
 
     def plan(self, cands: Candidates) -> Plan:

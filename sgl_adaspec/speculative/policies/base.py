@@ -96,6 +96,8 @@ class Outcome:
       length), or None when the verify pass reported none;
     - verified_f [B, N] float64: the draft's raw path probability f of each verified node, 0
       for the others (the calibration's input); None without speculation;
+    - accepted_nodes [B, N] bool: the candidate nodes on each request's accepted path, or None
+      when the verify pass did not say which they were;
     - verify_ms: the verify pass; iteration_ms: the whole iteration (in the server from the end
       of the previous decode iteration: the scheduler's work between them, the draft, the verify
       pass, the draft extend);
@@ -108,6 +110,7 @@ class Outcome:
     verified: torch.Tensor
     accepted: torch.Tensor | None
     verified_f: torch.Tensor | None
+    accepted_nodes: torch.Tensor | None
     verify_ms: float
     iteration_ms: float
     context_tokens: int
@@ -133,12 +136,15 @@ def make_outcome(
     verify_ms: float,
     iteration_ms: float,
     early_exit: tuple[int, int, float] | None = None,
+    deepest_accepted: torch.Tensor | None = None,
 ) -> Outcome:
-    """The outcome of an iteration that ran `decision` on `it` (both None: no speculation)."""
+    """The outcome of an iteration that ran `decision` on `it` (both None: no speculation).
+    deepest_accepted [B] int64: each request's deepest accepted candidate node (-1: none), or
+    None when unknown."""
     if decision is None or it is None:
         ones = torch.ones(len(rids), dtype=torch.long)
         return Outcome(
-            rids, ones, accepted, None, verify_ms, iteration_ms, context_tokens, 0, 0,
+            rids, ones, accepted, None, None, verify_ms, iteration_ms, context_tokens, 0, 0,
             len(rids), 0, 0,
         )  # fmt: skip
     selection = decision.selection
@@ -148,6 +154,9 @@ def make_outcome(
         verified=(selection.counts + 1).cpu().long(),
         accepted=None if accepted is None else accepted.detach().cpu().long(),
         verified_f=f.double().cpu(),
+        accepted_nodes=(
+            None if deepest_accepted is None else it.cands.path_mask(deepest_accepted).cpu()
+        ),
         verify_ms=verify_ms,
         iteration_ms=iteration_ms,
         context_tokens=context_tokens,
@@ -213,7 +222,8 @@ class PolicyBase:
                     self.acceptance.calibrated_sum(outcome.verified_f),
                     float(outcome.accepted.sum()) - len(outcome.rids),
                 )
-                self.acceptance.observe(outcome.verified_f, outcome.accepted - 1)
+                if outcome.accepted_nodes is not None:
+                    self.acceptance.observe(outcome.verified_f, outcome.accepted_nodes)
             if outcome.speculated:  # plain iterations are counted apart (observe_plain)
                 self.stats.observe_iteration(
                     outcome.verified.tolist(), outcome.accepted.tolist(), outcome.budget,

@@ -37,6 +37,7 @@ from sgl_adaspec.speculative.sglang.runtime import (
     warn_once,
 )
 from sgl_adaspec.speculative.sglang.tree import (
+    deepest_accepted,
     candidates_from_verify_input,
     prune_tree,
     scatter_rows,
@@ -126,6 +127,7 @@ def _outcome(batch, scope: Iteration, iteration_ms: float) -> Outcome:
         verify_ms=scope.verify_ms,
         iteration_ms=iteration_ms,
         early_exit=scope.early_exit_counts,
+        deepest_accepted=scope.deepest_accepted,
     )
 
 
@@ -190,6 +192,10 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     result = original(worker, batch, *args, **kwargs)
     scope.verify_ms = 1000 * (time.perf_counter() - start)
     scope.accepted = result.accept_lens
+    scope.deepest_accepted = deepest_accepted(
+        it.cands, selection.mask, result.next_token_ids, result.accept_lens,
+        verify_input.draft_token_num,
+    )  # fmt: skip
     logits_output = result.logits_output
     if logits_output is not None:
         info = logits_output.customized_info or {}

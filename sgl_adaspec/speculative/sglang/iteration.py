@@ -31,7 +31,9 @@ class Iteration:
     - verify_nodes: per request, the kept node indices, while the ragged verify forward runs
       (read by the torch attention backend);
     - early_exit_counts: (tested, exited, test_ms) of the verify pass's early exit;
-    - verify_ms / accepted [bs]: the verify pass's latency and accept lengths."""
+    - verify_ms / accepted [bs]: the verify pass's latency and accept lengths;
+    - deepest_accepted [bs]: each request's deepest accepted candidate node (-1: none), None
+      when unknown (`tree.deepest_accepted`)."""
 
     plain: bool = False
     draft_shape: tuple[int, int] | None = None
@@ -45,6 +47,7 @@ class Iteration:
     early_exit_counts: tuple[int, int, float] | None = None
     verify_ms: float | None = None
     accepted: torch.Tensor | None = None
+    deepest_accepted: torch.Tensor | None = None
 
 
 _ITERATION: contextvars.ContextVar[Iteration | None] = contextvars.ContextVar(

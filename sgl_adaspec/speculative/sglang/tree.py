@@ -72,3 +72,34 @@ def scatter_rows(logits_output, rows: torch.Tensor, num_rows: int) -> None:
         full = packed.new_zeros((num_rows, *packed.shape[1:]))
         full[rows] = packed
         setattr(logits_output, name, full)
+
+
+def deepest_accepted(
+    cands: Candidates, verified: torch.Tensor, committed_ids, accept_lens, ntok: int
+) -> torch.Tensor | None:
+    """[B] int64: each request's deepest accepted candidate node (-1: none), read off the verify
+    pass's committed tokens (SGLang's `next_token_ids`, [bs * ntok]: request b's accepted draft
+    tokens, then its bonus token, from b * ntok on) by walking the verified nodes `verified`
+    [B, N] bool from the root. None when the tokens do not spell a verified path."""
+    if committed_ids is None or accept_lens is None:
+        return None
+    ids = committed_ids.view(-1).tolist()
+    lens = accept_lens.tolist()
+    tokens, parents = cands.tokens.tolist(), cands.parents.tolist()
+    verified = verified.tolist()
+    deepest = []
+    for b, accept_len in enumerate(lens):
+        current = -1
+        for token in ids[b * ntok : b * ntok + int(accept_len) - 1]:
+            nxt = next(
+                (
+                    j for j, (t, p, v) in enumerate(zip(tokens[b], parents[b], verified[b]))
+                    if v and p == current and t == token
+                ),
+                None,
+            )  # fmt: skip
+            if nxt is None:
+                return None
+            current = nxt
+        deepest.append(current)
+    return torch.tensor(deepest, dtype=torch.long)
