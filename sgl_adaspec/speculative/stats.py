@@ -56,6 +56,8 @@ class SpecStats:
     predicted_raw: float = 0.0
     predicted_calibrated: float = 0.0
     observed_accepted: float = 0.0
+    # Verified nodes whose outcome (on the accepted path or not) trained the calibration.
+    calibration_trials: int = 0
     # The last plan of a cost-aware policy: what it chose and the figures behind it.
     last_plan: dict | None = None
     t_spec_ms: float | None = None
@@ -156,6 +158,7 @@ class SpecStats:
             "acceptance_calibrated_over_observed": _ratio(
                 self.predicted_calibrated, self.observed_accepted
             ),
+            "calibration_trials": self.calibration_trials,
             "last_plan": self.last_plan,
             "t_spec_ms": self.t_spec_ms,
             "baseline_tpot_ms": self.baseline_tpot_ms,

@@ -75,6 +75,9 @@ def test_server_info_reports_policy_state_and_per_class_attainment(adaserve_outp
     assert 2 <= stats["verified_tokens_per_iteration"] <= 8
     assert stats["max_verified_tokens_per_iteration"] <= 8  # never above the budget
     assert stats["accepted_tokens_per_verify"] >= 1.0
+    # The verify pass's committed tokens named each request's accepted path, so every verified
+    # node trained the calibration.
+    assert stats["calibration_trials"] >= stats["iterations"]
     custom = stats["classes"]["custom"]  # both requests stated tpot_slo_ms directly
     assert custom["finished"] == 2
     assert 1 <= custom["met"] <= 2  # the 5 s request is always met

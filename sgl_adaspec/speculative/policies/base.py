@@ -224,6 +224,7 @@ class PolicyBase:
                 )
                 if outcome.accepted_nodes is not None:
                     self.acceptance.observe(outcome.verified_f, outcome.accepted_nodes)
+                    self.stats.calibration_trials += int((outcome.verified_f > 0).sum())
             if outcome.speculated:  # plain iterations are counted apart (observe_plain)
                 self.stats.observe_iteration(
                     outcome.verified.tolist(), outcome.accepted.tolist(), outcome.budget,
