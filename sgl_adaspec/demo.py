@@ -11,7 +11,8 @@ at the demo's load (the same requests, concurrently), then sends one request per
 request: SLO, measured TPOT, whether it was met, what adaserve chose (verified tokens per
 speculative iteration, or no speculation) and the expected gain and cost behind its last plan.
 A class whose SLO is below the TPOT this machine gives without speculation (absolute classes
-made for large models on GPUs) is named out of reach and left out of the attainment.
+made for large models on GPUs) is out of reach of plain decoding: it is named so, its result
+is still shown (marked *), and it is left out of the attainment.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def main() -> int:
         if not reachable[name]:
             print(
                 f"class {name}: SLO {ms:.2f} ms is below this machine's TPOT without "
-                "speculation: out of reach here (left out of the attainment)"
+                "speculation: beyond plain decoding here (shown with *, left out of the "
+                "attainment)"
             )
 
     print("starting the server with --spec-policy adaserve ...")
@@ -158,7 +160,7 @@ def main() -> int:
                 "speculation" if o.accept_length >= 1.5
                 else "mostly no speculation" if o.accept_length > 1.0 else "no speculation"
             )  # fmt: skip
-        met = ("yes" if o.met else "no") if reachable[o.slo_class] else "n/a"
+        met = ("yes" if o.met else "no") + ("" if reachable[o.slo_class] else "*")
         print(
             f"{o.slo_class:<14}{o.tpot_slo_ms:>9.2f}{o.tpot_ms:>9.2f}{met:>5}"
             f"{o.completion_tokens:>8}{o.verify_passes:>10}{o.accept_length:>12.2f}  {chose}"

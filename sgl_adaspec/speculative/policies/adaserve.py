@@ -68,7 +68,8 @@ class AdaserveConfig:
     max_nodes_per_request: int | None = flag(
         None,
         "adaserve: n_max, the most draft nodes the SLO-customized phase gives one request "
-        "(default: all of its candidates).",
+        "(default: ~1.2 x budget / requests under the cost rule, all of its candidates under "
+        "the knee rule).",
         metavar="N",
         minimum=0,
     )
