@@ -5,13 +5,14 @@ curve's length. Terms as in `speculative/candidates.py`; f' is the calibrated pa
 (`accept_calibration`), so the expected accepted draft tokens of a set of nodes is their sum of
 f' (AdaServe Theorem 3.1 with calibrated probabilities).
 
-The objective is the batch's expected committed tokens per millisecond of the iteration:
-    rate = (n + sum of f' over the verified draft nodes) / (draft ms + verify ms(tokens, context))
-A plain decode commits n tokens in verify ms(n, context) + its own overhead. Every running
-request pays the iteration's length, so a node is worth verifying only while it raises the
-rate: greedy in descending f', a node with f' goes in while f' / (added ms) > rate so far. On
-hardware where verifying one more token costs more than it returns, nothing goes in and (before
-the draft) the plan is depth 0; where verification is nearly free, everything does.
+Before the draft (`plan_shape`): for every draft shape (d, w) and node count k, an iteration
+of T = draft ms(d, rows) + verify ms(n (1 + k), context) commits each request its SLO group's
+1 + gain(d, w, k) tokens (`ShapeGain`, learned from the drafts that ran); the objective counts
+those tokens in full up to each request's need and at a small weight beyond, per ms. A plain
+decode is scored the same way, so on hardware where verifying or drafting costs more than it
+returns the plan is depth 0, and where verification is nearly free the full tree wins.
+After the draft (`cost_budget`), with the draft paid: the prefix of the batch-wide ranking by
+f' that maximizes expected committed tokens per ms.
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ the cost model learned (`cost_rule`).
 
 Two budget rules (`AdaserveConfig.budget_rule`):
 - "cost" (the default): speculation is sized by what it returns on this hardware and draft.
-  Before the draft runs, `draft_shape` compares the batch's expected tokens per ms with a plain
-  decode (`cost_rule.plan_depth`) and returns depth 0 -- no speculation -- when no tree pays;
-  after it, the verify budget B is the prefix of the batch-wide ranking (calibrated f) that
-  maximizes expected committed tokens per ms of the iteration (`cost_rule.cost_budget`);
-  AdaServe's SLO-customized phase then spends B first, most urgent request first.
+  Before the draft runs, `draft_shape` picks the draft's (depth, width) by an SLO-aware
+  objective over what each shape returned and costs (`cost_rule.plan_shape`), or depth 0 --
+  no speculation -- when a plain decode scores higher; after it, the verify budget B is the
+  prefix of the batch-wide ranking (calibrated f) that maximizes expected committed tokens per
+  ms of the iteration (`cost_rule.cost_budget`); AdaServe's SLO-customized phase then spends B
+  first, most urgent request first, at most ~1.2 B / n nodes each.
 - "knee": the paper's rules, kept for comparison: B at the knee of the start-up verify
   profile (or --adaserve-budget), (d, w) from eq. 8-9.
 """
