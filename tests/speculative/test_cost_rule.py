@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.cost_rule import ShapeGain, cost_budget, plan_shape
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
@@ -120,7 +120,7 @@ def test_a_flat_cost_curve_gives_the_full_tree():
 def test_draft_cost_decides_against_a_modest_gain():
     # Verify is free past the first token, but drafting costs 6 ms per step: depth 1 gives
     # (1 + 0.5) / (10 + 6) < 1 / 10, deeper is worse still.
-    six_per_step = lambda steps, rows: 6.0 * torch.as_tensor(steps, dtype=torch.float64)  # noqa: E731
+    six_per_step = lambda steps, rows: 6.0 * torch.as_tensor(steps, dtype=torch.float64)
     choice = plan(flat_gain(0.5, 3, 1), 1, linear_ms(10.0, 0.0), six_per_step)
     assert choice.depth == 0
 
@@ -132,7 +132,7 @@ def test_a_wide_beam_must_pay_for_its_draft_rows():
     gain.refresh(lambda f: f)
     # Rows cost 0.5 ms: chain (2, 1), 8 rows: 4 x 2.44 / 14 = .697 per ms; the full beam,
     # 12 rows: 4 x 2.5 / 16 = .625; depth 1 (4 rows whatever the width): 4 x 1.85 / 12 = .617.
-    half_per_row = lambda steps, rows: 0.5 * torch.as_tensor(rows, dtype=torch.float64)  # noqa: E731
+    half_per_row = lambda steps, rows: 0.5 * torch.as_tensor(rows, dtype=torch.float64)
     choice = plan(gain, 4, linear_ms(10.0, 0.0), half_per_row)
     assert (choice.depth, choice.width, choice.nodes_per_request) == (2, 1, 2)
     # With rows free, the side branch's 0.06 tokens are worth having.
