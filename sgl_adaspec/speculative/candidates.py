@@ -125,15 +125,9 @@ class Candidates:
         """The same trees with `path_prob` [B, N] (a monotone map of f, e.g. calibrated f'),
         each node capped at its parent's: a monotone map keeps f(child) <= f(parent) but its
         rounding may not."""
-        has_parent = self.parents >= 0
-        parent_slot = self.parents.clamp(min=0)
-        for _ in range(self.num_nodes):
-            parent_prob = torch.where(has_parent, path_prob.gather(1, parent_slot), 1.0)
-            capped = torch.minimum(path_prob, parent_prob)
-            if torch.equal(capped, path_prob):
-                break
-            path_prob = capped
-        return Candidates(self.tokens, self.parents, path_prob, self.valid)
+        return Candidates(
+            self.tokens, self.parents, cap_at_parents(path_prob, self.parents), self.valid
+        )
 
     def path_mask(self, nodes: torch.Tensor) -> torch.Tensor:
         """nodes [B] int64 (a node index per request, -1: none) -> [B, N] bool: each node and
@@ -183,3 +177,18 @@ class Candidates:
         if self.num_nodes == 0:
             return torch.zeros(self.num_requests, dtype=torch.int64, device=self.tokens.device)
         return torch.where(self.valid, self.depth, 0).amax(dim=1)
+
+
+def cap_at_parents(path_prob: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """path_prob [B, N] with every node capped at its parent's (parents [B, N], -1: the root),
+    so f never increases along a path whatever rounding did to it."""
+    has_parent = parents >= 0
+    parent_slot = parents.clamp(min=0)
+    for _ in range(parents.shape[1]):
+        capped = torch.where(
+            has_parent, torch.minimum(path_prob, path_prob.gather(1, parent_slot)), path_prob
+        )
+        if torch.equal(capped, path_prob):
+            break
+        path_prob = capped
+    return path_prob

@@ -132,10 +132,6 @@ class ShapeGain:
         while len(self._drafts) > self.drafts:
             self._drafts.popleft()
 
-    def covers(self, depth: int, width: int) -> bool:
-        """Whether a kept draft reached shape (depth, width)."""
-        return any(d >= depth and w >= width for _, _, (d, w), _ in self._drafts)
-
     def refresh(self, calibrate: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Rebuild the tables with `calibrate` (f -> f', monotone)."""
         if not self._drafts:

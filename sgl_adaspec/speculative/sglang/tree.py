@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from sgl_adaspec.platform.cpu.ops import NO_NODE, sibling_links, tree_parent_nodes
-from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.candidates import Candidates, cap_at_parents
 
 
 def verify_tree_parents(verify_input) -> torch.Tensor:
@@ -37,13 +37,7 @@ def candidates_from_verify_input(
     node_parents = torch.where(valid, node_parents, -1)
     prob = path_prob.float().cpu().clamp(0.0, 1.0)
     # f never exceeds the parent's (Candidates checks it); enforce it against rounding.
-    has_parent = node_parents >= 0
-    for _ in range(ntok - 1):
-        parent_prob = torch.gather(prob, 1, node_parents.clamp(min=0))
-        capped = torch.where(has_parent, torch.minimum(prob, parent_prob), prob)
-        if torch.equal(capped, prob):
-            break
-        prob = capped
+    prob = cap_at_parents(prob, node_parents)
     return Candidates(
         tokens=draft_tokens[:, 1:].long().cpu(),
         parents=node_parents,
