@@ -200,14 +200,15 @@ def plan_shape(
     gain: ShapeGain,
     verify_ms: LatencyFn,
     draft_ms: LatencyFn,
-    plain_overhead_ms: float,
+    plain_ms: float,
     surplus_weight: float = 0.1,
 ) -> PlanChoice | None:
     """Before the draft: the shape (d, w) and node count k per request that maximize the
     SLO-aware objective over every shape `gain` has seen; depth 0 when a plain decode scores
     at least as high. None when a model has no observation yet.
 
-    slo: the running requests' SLO state. A request commits e(s, k) = 1 + its SLO group's
+    slo: the running requests' SLO state; plain_ms: a plain iteration's predicted wall time
+    (measured apart: `PolicyBase.plain_latency`). A request commits e(s, k) = 1 + its SLO group's
     gain tokens in an iteration of T(s, k) ms. What it needs in that iteration is its A(r)
     for an iteration of T ms (what puts it back on its SLO track), and at least its SLO's pace
     T / SLO. Its tokens count in full up to that need and with weight `surplus_weight` beyond
@@ -229,7 +230,7 @@ def plan_shape(
     if verify is None or draft is None:
         return None
     iteration = (verify.unsqueeze(0) + draft).clamp(min=1e-9)  # [S, K]
-    plain_ms = torch.full((1, 1), max(float(verify[0]) + plain_overhead_ms, 1e-9))
+    plain_ms = torch.full((1, 1), max(plain_ms, 1e-9))
     keys = slo_group_keys(slo.tpot_slo_ms)
     counted = torch.zeros_like(iteration)  # tokens per iteration as the objective counts them
     committed = torch.zeros_like(iteration)  # expected tokens per iteration

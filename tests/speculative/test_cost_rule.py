@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from policy_inputs import iteration_input
 
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
@@ -69,9 +70,11 @@ def slo(
 
 
 def plan(gain, requests, verify, draft=free_draft, **kw):
+    """The plan with a plain decode priced as a one-token-per-request verify unless given."""
+    plain_ms = kw.pop("plain_ms", None) or float(verify(requests, 0))
     return plan_shape(
         slo=kw.pop("batch", None) or slo([math.nan] * requests), context_tokens=0, gain=gain,
-        verify_ms=verify, draft_ms=draft, plain_overhead_ms=0.0, **kw,
+        verify_ms=verify, draft_ms=draft, plain_ms=plain_ms, **kw,
     )  # fmt: skip
 
 
@@ -115,6 +118,15 @@ def test_a_flat_cost_curve_gives_the_full_tree():
     assert (choice.depth, choice.width) == (4, 2)
     assert choice.nodes_per_request == 8  # every node of the 4 x 2 beam
     assert choice.tokens_per_ms == pytest.approx(4 * (1 + 0.5 * 8) / 10.0)
+
+
+def test_a_plain_decode_is_priced_at_what_it_measured():
+    # Verify passes seen at 8 and 16 tokens (80, 100 ms) put one token at 62.5 ms on their
+    # line; a 4 x 2 beam of f = 0.9 then returns 1 + 7.2 tokens per 82.5 ms = .099 per ms,
+    # 6x a plain decode's 1 / 62.5. Measured, a plain decode takes 10 ms: .1 per ms, and wins.
+    verify = lambda tokens, context=0: 60.0 + 2.5 * torch.as_tensor(tokens, dtype=torch.float64)
+    assert plan(flat_gain(0.9, 4, 2), 1, verify).depth > 0
+    assert plan(flat_gain(0.9, 4, 2), 1, verify, plain_ms=10.0).depth == 0
 
 
 def test_draft_cost_decides_against_a_modest_gain():
@@ -228,6 +240,7 @@ def test_adaserve_stands_down_then_probes():
     one = slo([math.nan])
     # Measured: a 1-token verify 10 ms, 8 tokens 80 ms (every token a full decode's price).
     policy.verify_latency.seed([((1, 10), 10.0), ((8, 10), 80.0)])
+    policy.plain_latency.seed([((1, 10), 10.0)])
     policy.gain = flat_gain(0.5, 4, 2)
     assert policy.draft_shape(1, 4, 2, one) == (4, 2)  # no draft cost measured: the full shape
     policy.draft_latency.seed([((1, 1), 2.0), ((4, 7), 8.0)])
@@ -243,6 +256,7 @@ def test_adaserve_explores_the_full_shape_and_a_one_step_chain():
     policy = AdaservePolicy(AdaserveConfig(explore_interval=4))
     one = slo([math.nan])
     policy.verify_latency.seed([((1, 10), 10.0), ((3, 10), 10.0)])  # verify is flat
+    policy.plain_latency.seed([((1, 10), 10.0)])
     policy.draft_latency.seed([((1, 1), 1.0), ((4, 7), 4.0)])  # 1 ms per step
     # The chain is as good as the tree and 2 deep is where the rate peaks: (1 + 1.6) / 12.
     gain = ShapeGain(max_nodes=8)
@@ -256,6 +270,21 @@ def test_adaserve_explores_the_full_shape_and_a_one_step_chain():
 def test_adaserve_plain_outcome_is_counted_apart():
     policy = AdaservePolicy(AdaserveConfig())
     feed(policy, verify_ms=10.0, iteration_ms=11.0, accepted=1)  # a plain iteration
-    assert policy.plain_overhead_ms == pytest.approx(1.0)
+    assert policy.plain_latency.predict((1, 10)) == pytest.approx(11.0)
     assert policy.stats.iterations == 0  # speculative iterations only
     assert policy.verify_latency.num_observations == 1
+
+
+def test_adaserve_measures_a_plain_decode_first_and_warms_a_cold_draft():
+    policy = AdaservePolicy(AdaserveConfig())
+    one = slo([math.nan])
+    policy.verify_latency.seed([((1, 10), 10.0), ((8, 10), 12.0)])
+    assert policy.draft_shape(1, 4, 2, one) == (0, 2)  # nothing measured: a plain decode
+    feed(policy, verify_ms=10.0, iteration_ms=10.5, accepted=1)
+    # The draft's state is stale after it: a depth-1 chain first, whose gain is not learned.
+    assert policy.draft_shape(1, 4, 2, one) == (1, 1)
+    policy.decide(iteration_input(beam([[[0.0]]]), 1, 1))
+    assert not policy.gain.known
+    assert policy.draft_shape(1, 4, 2, one) == (4, 2)  # then the full search, learned from
+    policy.decide(iteration_input(beam([[[0.9, 0.1]] * 4]), 4, 2))
+    assert policy.gain.known

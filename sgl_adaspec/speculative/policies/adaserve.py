@@ -174,33 +174,40 @@ class AdaservePolicy(PolicyBase):
 
         Knee rule: eq. 8-9's load-adaptive shape. Cost rule: the shape whose expected tokens
         per ms is highest (`cost_rule.plan_shape`), and d = 0 (no speculation) when a plain
-        decode's is higher. The full configured shape runs first, every `explore_interval`
-        speculative iterations, and in probes, so every shape's gain stays measured. While not
-        speculating, every `probe_interval` iterations (doubling while probes find that it does
-        not pay) a probe speculates twice: a cold depth-1 chain (the draft state is stale after
-        plain iterations), then a full draft that re-measures what speculation returns."""
+        decode's is higher. The first iteration runs plain (its cost is measured, never
+        extrapolated); the full configured shape runs until a plan exists, every
+        `explore_interval` speculative iterations, and in probes, so every shape's gain stays
+        measured. A draft after a plain iteration is a depth-1 chain (the draft's state is stale
+        then). While not speculating, every `probe_interval` iterations (doubling while probes
+        find that it does not pay) a probe speculates twice: that cold chain, then a full draft
+        that re-measures what speculation returns."""
         if self.config.budget_rule == "knee":
             depth, width = tree_shape(num_requests, self.config.tree)
             return min(depth, steps), min(width, topk)
         full = (steps, topk)
-        was_plain = self._plain_run > 0 or self._probe_left > 0
+        if self.plain_latency.num_observations == 0:
+            # What a plain decode costs here is measured, not extrapolated: the first
+            # iteration runs as one.
+            return self._plain(topk)
         planned = None if slo is None else self._cost_plan(slo)
         if planned is not None and planned.depth == 0:
             if self._probe_left == 0 and self._plain_run < self._probe_every:
-                self._plain_run += 1
                 self.stats.last_plan = self._plan_report(planned)
-                return 0, topk
+                return self._plain(topk)
             if self._probe_left == 0:  # a probe: a cold draft, then a measured one
-                self._probe_left, self._plain_run = 2, 0
+                self._probe_left = 2
                 self._probe_every = min(2 * self._probe_every, 16 * self.config.probe_interval)
         elif planned is not None and self._probe_left == 0:
             self._probe_every = self.config.probe_interval
-        self._cold = was_plain and self._probe_left == 2
+        # After a plain iteration the draft's state is stale (SGLang skipped its extend): the
+        # cheapest draft, a depth-1 chain, warms it; what it returns is not the draft's gain.
+        self._cold = self._plain_run > 0
         self._plain_run = 0
-        if self._probe_left > 0:
-            self._probe_left -= 1
-            shape = (1, 1) if self._cold else full
-        elif planned is None:
+        probing = self._probe_left > 0
+        self._probe_left = max(self._probe_left - 1, 0)
+        if self._cold:
+            shape = (1, 1)
+        elif planned is None or probing:
             shape = full
         elif self._since_explore + 1 >= self.config.explore_interval:
             # Alternately the full shape (the gain of every shape) and a depth-1 chain (the
@@ -217,6 +224,10 @@ class AdaservePolicy(PolicyBase):
                 **self._plan_report(planned), "depth": shape[0], "width": shape[1]
             }  # fmt: skip
         return shape
+
+    def _plain(self, topk: int) -> tuple[int, int]:
+        self._plain_run += 1
+        return 0, topk
 
     def _plan_report(self, planned) -> dict:
         """The plan for /server_info, with the learned inputs behind it."""
@@ -237,9 +248,11 @@ class AdaservePolicy(PolicyBase):
         if verify.num_observations < 2 or not self.gain.known:
             return None
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
+        plain_ms = self.plain_latency.predict((slo.num_requests, self._context_tokens))
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
-            self.acceptance.version, int(8 * math.log2(1 + self._context_tokens)),
+            self.acceptance.version, self.plain_latency.version,
+            int(8 * math.log2(1 + self._context_tokens)),
             tuple(slo.tpot_slo_ms.nan_to_num(-1.0).tolist()),
         )  # fmt: skip
         cached_key, cached_plan, uses = self._plan_cache
@@ -254,7 +267,7 @@ class AdaservePolicy(PolicyBase):
             gain=self.gain,
             verify_ms=verify.predict_tensor,
             draft_ms=self.draft_latency.predict_tensor,
-            plain_overhead_ms=self.plain_overhead_ms or 0.0,
+            plain_ms=plain_ms or 0.0,
         )
         self._plan_cache = (key, planned, 1)
         return planned

@@ -190,11 +190,15 @@ class PolicyBase:
     # Verify-pass latency vs (verified tokens, context tokens); draft latency per draft step.
     verify_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
     draft_step_ms: float | None = None
-    # What an iteration costs besides the verify pass: with speculation, vs (draft steps,
-    # draft rows: `cost_rule.draft_rows`) (draft forwards, draft extend, tree building, the
-    # scheduler's work: the intercept is the fixed price of speculating); without, the plain decode's own.
+    # What a speculative iteration costs besides the verify pass, vs (draft steps, draft rows:
+    # `cost_rule.draft_rows`): draft forwards, draft extend, tree building, the scheduler's
+    # work; the intercept is the fixed price of speculating.
     draft_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
-    plain_overhead_ms: float | None = None
+    # A whole iteration without speculation vs (requests, context tokens), measured as it runs:
+    # the verify model extrapolated down to one token per request misprices it (on a CPU a
+    # k-token forward costs far less than k one-token ones, so a line through the verify
+    # passes overprices a plain decode ~2x).
+    plain_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
     # Maps the draft's path probability to the acceptance the target shows (learned online).
     acceptance: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
     _last_verify_ms: float | None = field(default=None, repr=False)
@@ -235,7 +239,9 @@ class PolicyBase:
                 outcome.iteration_ms, outcome.draft_steps, len(outcome.rids), outcome.draft_width
             )
         else:
-            self.observe_plain_iteration(outcome.iteration_ms)
+            self.observe_plain_iteration(
+                outcome.iteration_ms, len(outcome.rids), outcome.context_tokens
+            )
 
     def draft_shape(
         self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
@@ -273,14 +279,13 @@ class PolicyBase:
             self.draft_latency.observe((draft_steps, rows), rest_ms)
         self._last_verify_ms = None
 
-    def observe_plain_iteration(self, latency_ms: float) -> None:
-        """Wall time of an iteration run without speculation: what it paid besides the forward
-        pass is the plain decode's own overhead."""
+    def observe_plain_iteration(
+        self, latency_ms: float, num_requests: int = 1, context_tokens: int = 0
+    ) -> None:
+        """Wall time of one iteration run without speculation."""
         self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
         self.stats.t_spec_ms = self.t_spec_ms
-        if self._last_verify_ms is not None:
-            rest_ms = max(latency_ms - self._last_verify_ms, 0.0)
-            self.plain_overhead_ms = self._smooth(self.plain_overhead_ms, rest_ms)
+        self.plain_latency.observe((num_requests, context_tokens), latency_ms)
         self._last_verify_ms = None
 
     def observe_outcome(

@@ -37,8 +37,8 @@ from sgl_adaspec.speculative.sglang.runtime import (
     warn_once,
 )
 from sgl_adaspec.speculative.sglang.tree import (
-    deepest_accepted,
     candidates_from_verify_input,
+    deepest_accepted,
     prune_tree,
     scatter_rows,
     verify_tree_parents,
