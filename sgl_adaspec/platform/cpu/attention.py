@@ -96,10 +96,12 @@ class TorchTreeAttnBackend(TorchNativeAttnBackend):
         req_to_token = self.req_to_token_pool.req_to_token
         q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         out = q.new_empty((q_.shape[0], layer.tp_q_head_num, layer.v_head_dim))
-        tree = self._tree_masks(spec_info.custom_mask, seq_lens, ntok)
         # Ragged verify (speculative/sglang/hooks.py): request b verifies only nodes[b], packed.
         scope = current_iteration()
         nodes = scope.verify_nodes if scope is not None else None
+        if ntok == 1 and nodes is None:  # SGLang's steps-0 iteration: a plain decode
+            return self._forward_one_token(q_, out, layer, forward_batch, seq_lens)
+        tree = self._tree_masks(spec_info.custom_mask, seq_lens, ntok)
         start = 0
         for b, prefix_len in enumerate(seq_lens):
             count = ntok if nodes is None else int(nodes[b].numel())
@@ -117,6 +119,22 @@ class TorchTreeAttnBackend(TorchNativeAttnBackend):
             out[rows] = attend(q_[rows], keys, values, mask, layer.scaling)
             start += count
         return out.view(q.shape[0], -1)
+
+    def _forward_one_token(self, q_, out, layer, forward_batch, seq_lens: list[int]):
+        """One node per request sees its whole prefix and itself: attention without a mask,
+        as a plain decode's (a mask would cost a tensor per request and layer and keep SDPA
+        off its fused kernel)."""
+        req_to_token = self.req_to_token_pool.req_to_token
+        for b, prefix_len in enumerate(seq_lens):
+            slots = torch.cat(
+                [
+                    req_to_token[forward_batch.req_pool_indices[b], :prefix_len],
+                    forward_batch.out_cache_loc[b : b + 1],
+                ]
+            )
+            keys, values = self._kv(layer, slots)
+            out[b : b + 1] = attend(q_[b : b + 1], keys, values, None, layer.scaling)
+        return out.view(out.shape[0], -1)
 
     def _tree_masks(self, custom_mask: torch.Tensor, seq_lens: list[int], ntok: int):
         """Per request the [ntok, ntok] node-to-node part of SGLang's FULL_MASK layout."""
