@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from sgl_adaspec.models.tiny import (
     BUILD_VERSION,
+    DEEP_BIGRAM_EXTRA_LAYERS,
     EOS_ID,
     MARKER_NAME,
     VOCAB_SIZE,
@@ -125,6 +126,16 @@ def test_bigram_depends_on_last_token_only(bigram: torch.nn.Module) -> None:
             reference = logits
         assert torch.equal(logits.argmax(-1), reference.argmax(-1))
         torch.testing.assert_close(logits, reference, rtol=0, atol=1e-4)
+
+
+def test_deep_bigram_computes_the_bigram(tiny: TinyModels, bigram: torch.nn.Module) -> None:
+    deep = AutoModelForCausalLM.from_pretrained(tiny.deep_bigram_target).eval()
+    assert deep.config.num_hidden_layers == 1 + DEEP_BIGRAM_EXTRA_LAYERS
+    # Its extra layers compute (random weights) and add nothing to the residual stream.
+    assert deep.model.layers[1].self_attn.q_proj.weight.abs().sum() > 0
+    ids = torch.randint(3, VOCAB_SIZE, (4, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(deep(ids).logits, bigram(ids).logits, rtol=0, atol=1e-5)
 
 
 def test_eagle_checkpoints_use_sglang_layout(tiny: TinyModels) -> None:

@@ -14,6 +14,11 @@ Models (all float32 safetensors, one folder each, tokenizer saved into every fol
                          next token depends on the current token only.
 * ``tiny-bigram-eagle``  EAGLE draft computing exactly tiny-bigram's next-token distribution, so
                          greedy acceptance is 1.0 by construction.
+* ``tiny-bigram-deep``   tiny-bigram plus DEEP_BIGRAM_EXTRA_LAYERS layers whose outputs are zeroed
+                         (``o_proj`` = ``down_proj`` = 0): the same next-token distribution (so
+                         tiny-bigram-eagle is exactly right for it too) at the forward cost of a
+                         deep model, where the target's forward outweighs SGLang's per-iteration
+                         work as a large model's does.
 
 SGLang's EAGLE draft (sglang/srt/models/llama_eagle.py) differs from a plain Llama layer stack:
 
@@ -58,6 +63,7 @@ HIDDEN = 128
 HEADS = 4
 KV_HEADS = 2
 INTERMEDIATE = 256
+DEEP_BIGRAM_EXTRA_LAYERS = 48
 MAX_POSITIONS = 2048
 RMS_EPS = 1e-6
 INIT_STD = 0.02
@@ -88,6 +94,7 @@ class TinyModels:
     standalone_draft: Path
     bigram_target: Path
     bigram_eagle_draft: Path
+    deep_bigram_target: Path
 
 
 FOLDERS = {
@@ -96,6 +103,7 @@ FOLDERS = {
     "standalone_draft": "tiny-llama-draft",
     "bigram_target": "tiny-bigram",
     "bigram_eagle_draft": "tiny-bigram-eagle",
+    "deep_bigram_target": "tiny-bigram-deep",
 }
 
 
@@ -349,6 +357,24 @@ def _successor_head(residual: torch.Tensor, seed: int) -> torch.Tensor:
     return head * (BIGRAM_TOP_LOGIT / hidden**0.5)
 
 
+def with_dead_layers(state: State, extra: int, layer_config: LlamaConfig, seed: int) -> State:
+    """`state` (a 1-layer Llama) followed by `extra` random layers whose attention and MLP
+    outputs are zeroed (o_proj = down_proj = 0): each computes in full and adds nothing to the
+    residual stream, so the model's outputs are `state`'s."""
+    state = dict(state)
+    layer = {
+        name.removeprefix("model.layers.0."): shape
+        for name, shape in _hf_shapes(layer_config).items()
+        if name.startswith("model.layers.0.")
+    }
+    for i in range(1, extra + 1):
+        weights = random_state(layer, seed=seed + i)
+        weights["self_attn.o_proj.weight"].zero_()
+        weights["mlp.down_proj.weight"].zero_()
+        state.update({f"model.layers.{i}.{name}": w for name, w in weights.items()})
+    return state
+
+
 def bigram_eagle_state(bigram: State) -> State:
     """EAGLE draft equal to the bigram target on every token.
 
@@ -419,6 +445,10 @@ class _Recipes:
     def bigram_eagle(self) -> State:
         return bigram_eagle_state(self.bigram)
 
+    @cached_property
+    def deep_bigram(self) -> State:
+        return with_dead_layers(self.bigram, DEEP_BIGRAM_EXTRA_LAYERS, self.config(1), seed=5000)
+
     def write(self, field: str, folder: Path) -> None:
         """Write the model behind TinyModels.<field> into ``folder``."""
         layers, architecture, weights = {
@@ -427,6 +457,11 @@ class _Recipes:
             "standalone_draft": (1, PLAIN_ARCH, lambda: self.standalone_draft),
             "bigram_target": (1, PLAIN_ARCH, lambda: self.bigram),
             "bigram_eagle_draft": (1, EAGLE_ARCH, lambda: self.bigram_eagle),
+            "deep_bigram_target": (
+                1 + DEEP_BIGRAM_EXTRA_LAYERS,
+                PLAIN_ARCH,
+                lambda: self.deep_bigram,
+            ),
         }[field]
         save_state(weights(), folder)
         save_config(self.config(layers, architecture), folder)

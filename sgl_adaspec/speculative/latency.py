@@ -7,6 +7,7 @@ hardware it runs on. Until two distinct observations exist the prediction is the
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -111,3 +112,33 @@ class LinearLatency:
             return None
         x = torch.tensor([*map(float, features), 1.0], dtype=torch.float64)
         return max(float(x @ coef), 0.0)
+
+
+@dataclass
+class VerifyLatency(LinearLatency):
+    """A verify pass's latency vs (verified tokens T, context tokens): w1 T + w2 log2 T +
+    w3 context + intercept, all weights >= 0. The log term lets the fit bend: on a CPU a
+    one-token forward runs at a fraction of an eight-token one's cost per token (SmolLM2 here:
+    76 ms at 1 token, 158 at 8, 338 at 64), and a line through passes of many tokens prices
+    a few-token one ~2x. On a GPU, flat then linear, w2 is ~0. Callers pass (T, context)."""
+
+    num_features: int = 3
+
+    def observe(self, features: tuple[float, ...], latency_ms: float) -> None:
+        tokens, context = features
+        super().observe((tokens, math.log2(max(tokens, 1)), context), latency_ms)
+
+    def predict(self, features: tuple[float, ...]) -> float | None:
+        tokens, context = features
+        return super().predict((tokens, math.log2(max(tokens, 1)), context))
+
+    def predict_tensor(self, tokens, context) -> torch.Tensor | None:
+        tokens = torch.as_tensor(tokens, dtype=torch.float64)
+        return super().predict_tensor(tokens, tokens.clamp(min=1).log2(), context)
+
+    def marginal_ms(self, tokens: float) -> float | None:
+        """d latency / d T at T tokens: one more verified token's price there."""
+        coef = self.coefficients()
+        if coef is None:
+            return None
+        return float(coef[0] + coef[1] / (max(tokens, 1.0) * math.log(2)))

@@ -7,9 +7,10 @@ import math
 
 import pytest
 import torch
+from policy_inputs import iteration_input
 
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.latency import LinearLatency
+from sgl_adaspec.speculative.latency import VerifyLatency
 from sgl_adaspec.speculative.policies.adaspec import (
     AdaspecPolicy,
     AdaspecPolicyConfig,
@@ -20,7 +21,6 @@ from sgl_adaspec.speculative.policies.adaspec import (
     infeasible_requests,
 )
 from sgl_adaspec.speculative.policies.base import IterationInput
-from policy_inputs import iteration_input
 
 INF = math.inf
 
@@ -203,10 +203,11 @@ def chains(*probs: list[float], extra_branch: bool = False) -> Candidates:
 def iteration(cands: Candidates, tpot: list[float], draft_steps: int = 2) -> IterationInput:
     return iteration_input(cands, draft_steps, tpot_slo_ms=tpot)
 
+
 def fitted_policy(config: AdaspecPolicyConfig | None = None) -> AdaspecPolicy:
     """Verify pass 6 + 2 * verified tokens (context has no effect), draft steps free: for a batch
     of two, T_sd = 10 + 2n as in `test_slo_invalidity_stops_the_verifier`."""
-    latency = LinearLatency(num_features=2)
+    latency = VerifyLatency()
     for tokens in range(2, 8):
         for context in (100, 300):
             latency.observe((tokens, context), 6.0 + 2.0 * tokens)

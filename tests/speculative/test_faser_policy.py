@@ -233,9 +233,10 @@ def test_early_exit_plan_carries_the_expected_rejected_tokens():
     plan = auto.decide(iteration(("a", "b"), chains(2, 2), 2)).early_exit
     # eq. 5-6: (2 - 1) + (2 - 2) = 1 expected rejected token.
     assert (plan.exit_layer, plan.topk, plan.expected_rejected, plan.forced) == (None, 3, 1.0, False)
-    # The verify model's slope (10 + 2 ms per verified token; the ridge shrinks it a little) and, once a test
-    # was measured, its smoothed latency per tested row.
-    assert plan.verify_ms_per_token == pytest.approx(2.0, rel=0.05) and plan.test_ms_per_row is None
+    # The verify model's marginal price of a token (10 + 2 ms per verified token; run()'s own
+    # passes and the ridge bend the fit a little) and, once a test was measured, its smoothed
+    # latency per tested row.
+    assert plan.verify_ms_per_token == pytest.approx(2.0, rel=0.1) and plan.test_ms_per_row is None
     auto.observe_early_exit(tested=4, exited=1, test_ms=2.0)
     auto.observe_early_exit(tested=2, exited=0, test_ms=2.0)
     assert auto.exit_test_ms_per_row == pytest.approx(0.7 * 0.5 + 0.3 * 1.0)

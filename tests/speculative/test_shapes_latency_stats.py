@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.latency import LinearLatency
+from sgl_adaspec.speculative.latency import LinearLatency, VerifyLatency
 from sgl_adaspec.speculative.shapes import (
     chain_positions,
     chain_prefix_mask,
@@ -127,3 +127,28 @@ def test_linear_latency_predicts_many_points_like_one_at_a_time():
     one = [[model.predict((float(t), 300.0)) for t in row] for row in tokens.tolist()]
     assert many.flatten().tolist() == pytest.approx([x for row in one for x in row])
     assert LinearLatency(num_features=1).predict_tensor(tokens) is None
+
+
+def test_verify_latency_bends_where_few_tokens_are_cheap():
+    # SmolLM2's verify passes on this CPU: 76 ms at 1 token, 158 at 8, 204 at 16, 338 at 64.
+    measured = {1: 76.0, 8: 158.0, 16: 204.0, 32: 245.0, 64: 338.0}
+    curved, line = VerifyLatency(), LinearLatency(num_features=2)
+    for tokens, ms in measured.items():
+        if tokens > 1:
+            line.observe((tokens, 300), ms)
+        curved.observe((tokens, 300), ms)
+    assert line.predict((1, 300)) > 1.5 * measured[1]  # a line through many-token passes
+    for tokens, ms in measured.items():
+        assert curved.predict((tokens, 300)) == pytest.approx(ms, rel=0.1)
+    assert curved.predict_tensor(torch.tensor([1.0, 8.0]), 300).tolist() == pytest.approx(
+        [curved.predict((1, 300)), curved.predict((8, 300))]
+    )
+    assert curved.marginal_ms(2) > curved.marginal_ms(32) > 0
+
+
+def test_verify_latency_stays_linear_on_a_linear_cost():
+    model = VerifyLatency()
+    for tokens in (1, 4, 8, 16, 64):
+        model.observe((tokens, 100), 10.0 + 0.5 * tokens)
+    assert model.predict((32, 100)) == pytest.approx(26.0, rel=0.02)
+    assert model.marginal_ms(32) == pytest.approx(0.5, rel=0.1)

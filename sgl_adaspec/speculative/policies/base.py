@@ -31,7 +31,7 @@ from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.cost_rule import draft_rows
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan
-from sgl_adaspec.speculative.latency import LinearLatency
+from sgl_adaspec.speculative.latency import LinearLatency, VerifyLatency
 from sgl_adaspec.speculative.selection import Selection
 from sgl_adaspec.speculative.stats import SpecStats
 
@@ -188,20 +188,20 @@ class PolicyBase:
     t_spec_ms: float | None = None
     verify_ms: float | None = None
     # Verify-pass latency vs (verified tokens, context tokens); draft latency per draft step.
-    verify_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
+    verify_latency: VerifyLatency = field(default_factory=VerifyLatency)
     draft_step_ms: float | None = None
     # What a speculative iteration costs besides the verify pass, vs (draft steps, draft rows:
     # `cost_rule.draft_rows`): draft forwards, draft extend, tree building, the scheduler's
     # work; the intercept is the fixed price of speculating.
     draft_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
-    # A whole iteration without speculation vs (requests, context tokens), measured as it runs:
-    # the verify model extrapolated down to one token per request misprices it (on a CPU a
-    # k-token forward costs far less than k one-token ones, so a line through the verify
-    # passes overprices a plain decode ~2x).
-    plain_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
+    # A whole iteration without speculation vs (requests, context tokens), measured as it runs
+    # (a forward of one token per request, so the verify model's shape), not read off the
+    # verify passes: the scheduler's work around a plain decode is its own.
+    plain_latency: VerifyLatency = field(default_factory=VerifyLatency)
     # Maps the draft's path probability to the acceptance the target shows (learned online).
     acceptance: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
     _last_verify_ms: float | None = field(default=None, repr=False)
+    _last_verified_tokens: int = field(default=1, repr=False)
 
     def __post_init__(self) -> None:
         check_common_config(self.latency_smoothing, self.baseline_tpot_ms_config)
@@ -261,6 +261,7 @@ class PolicyBase:
         self.verify_ms = self._smooth(self.verify_ms, latency_ms)
         self._last_verify_ms = latency_ms
         if verified_tokens > 0:
+            self._last_verified_tokens = verified_tokens
             self.verify_latency.observe((verified_tokens, context_tokens), latency_ms)
         self.stats.baseline_tpot_ms = self.baseline_tpot_ms()
 
@@ -307,10 +308,11 @@ class PolicyBase:
             return self.baseline_tpot_ms_config
         return self.verify_ms
 
-    def verify_ms_per_token(self) -> float | None:
-        """Marginal verify-pass latency of one more verified token (the fitted model's slope)."""
-        coef = self.verify_latency.coefficients()
-        return None if coef is None else float(coef[0])
+    def verify_ms_per_token(self, verified_tokens: float | None = None) -> float | None:
+        """Marginal verify-pass latency of one more verified token at `verified_tokens` (default:
+        the last pass's count)."""
+        tokens = self._last_verified_tokens if verified_tokens is None else verified_tokens
+        return self.verify_latency.marginal_ms(tokens)
 
     def predict_verify_ms(self, verified_tokens: float, context_tokens: float) -> float | None:
         """Verify-pass latency for a batch of that size, from the fitted model (None before
