@@ -43,11 +43,12 @@ CONFIGS = {
 
 
 def pair(name: str) -> tuple[Path, Path]:
-    if name == "bigram":
+    if name in ("bigram", "bigram-deep"):
         from sgl_adaspec.models.tiny import ensure_models
 
         models = ensure_models()
-        return models.bigram_target, models.bigram_eagle_draft
+        target = models.bigram_target if name == "bigram" else models.deep_bigram_target
+        return target, models.bigram_eagle_draft
     from sgl_adaspec.models.smollm2 import prepare_smollm2
     from sgl_adaspec.models.train_eagle import DEFAULT_EXPORT
 
@@ -144,7 +145,7 @@ def main() -> int:
     parser.add_argument("--loads", default="1,4,8")
     parser.add_argument("--tokens", type=int, default=48, help="new tokens per request")
     parser.add_argument("--repeats", type=int, default=2, help="batches per load")
-    parser.add_argument("--pairs", default="bigram,smollm2")
+    parser.add_argument("--pairs", default="bigram,bigram-deep,smollm2")
     args = parser.parse_args()
     loads = [int(n) for n in args.loads.split(",")]
     logs = Path(tempfile.mkdtemp(prefix="cost_aware_"))

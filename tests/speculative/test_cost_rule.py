@@ -13,7 +13,11 @@ from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.cost_rule import ShapeGain, cost_budget, plan_shape
-from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
+from sgl_adaspec.speculative.policies.adaserve import (
+    REMEASURE_PLAIN,
+    AdaserveConfig,
+    AdaservePolicy,
+)
 from sgl_adaspec.speculative.policies.base import make_outcome
 
 
@@ -252,9 +256,8 @@ def test_adaserve_stands_down_then_probes():
     assert policy.stats.last_plan["speculate"] is False
 
 
-def test_adaserve_explores_the_full_shape_and_a_one_step_chain():
-    policy = AdaservePolicy(AdaserveConfig(explore_interval=4))
-    one = slo([math.nan])
+def speculating_policy(config: AdaserveConfig) -> AdaservePolicy:
+    policy = AdaservePolicy(config)
     policy.verify_latency.seed([((1, 10), 10.0), ((3, 10), 10.0)])  # verify is flat
     policy.plain_latency.seed([((1, 10), 10.0)])
     policy.draft_latency.seed([((1, 1), 1.0), ((4, 7), 4.0)])  # 1 ms per step
@@ -263,8 +266,20 @@ def test_adaserve_explores_the_full_shape_and_a_one_step_chain():
     gain.observe(beam([[[0.8, 0.0], [0.8, 0.0], [0.05, 0.0], [0.05, 0.0]]]), 4, 2)
     gain.refresh(lambda f: f)
     policy.gain = gain
-    shapes = [policy.draft_shape(1, 4, 2, one) for _ in range(8)]
+    return policy
+
+
+def test_adaserve_explores_the_full_shape_and_a_one_step_chain():
+    policy = speculating_policy(AdaserveConfig(explore_interval=4))
+    shapes = [policy.draft_shape(1, 4, 2, slo([math.nan])) for _ in range(8)]
     assert shapes == [(2, 1)] * 3 + [(4, 2)] + [(2, 1)] * 3 + [(1, 1)]
+
+
+def test_adaserve_remeasures_a_plain_decode_while_speculating():
+    policy = speculating_policy(AdaserveConfig(explore_interval=1000))
+    shapes = [policy.draft_shape(1, 4, 2, slo([math.nan])) for _ in range(REMEASURE_PLAIN + 1)]
+    assert shapes[: REMEASURE_PLAIN - 1] == [(2, 1)] * (REMEASURE_PLAIN - 1)
+    assert shapes[REMEASURE_PLAIN - 1 :] == [(0, 2), (1, 1)]  # then a chain warms the draft
 
 
 def test_adaserve_plain_outcome_is_counted_apart():

@@ -48,6 +48,8 @@ from sgl_adaspec.speculative.shapes import restrict_to_shape
 BUDGET_RULES = ("cost", "knee")
 # Iterations one cost plan may serve while its inputs stand (see `_cost_plan`).
 PLAN_REUSE = 8
+# Speculative iterations between two plain ones that re-measure a plain decode's price.
+REMEASURE_PLAIN = 128
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,7 @@ class AdaservePolicy(PolicyBase):
     _probe_left: int = field(default=0, repr=False)  # speculative iterations the probe still runs
     _cold: bool = field(default=False, repr=False)  # this draft follows a plain iteration
     _since_explore: int = field(default=0, repr=False)  # speculative iterations since one
+    _since_plain: int = field(default=0, repr=False)  # planned speculative ones since a plain one
     _explores: int = field(default=0, repr=False)
     # The last plan and what it was computed from (see `_cost_plan`).
     _plan_cache: tuple = field(default=(None, None, 0), repr=False)  # key, plan, uses
@@ -199,6 +202,11 @@ class AdaservePolicy(PolicyBase):
                 self._probe_every = min(2 * self._probe_every, 16 * self.config.probe_interval)
         elif planned is not None and self._probe_left == 0:
             self._probe_every = self.config.probe_interval
+            self._since_plain += 1
+            if self._since_plain >= REMEASURE_PLAIN:
+                # While speculating, a plain decode's price would otherwise never be measured
+                # again (its first measurement may be a cold start's, or from another load).
+                return self._plain(topk)
         # After a plain iteration the draft's state is stale (SGLang skipped its extend): the
         # cheapest draft, a depth-1 chain, warms it; what it returns is not the draft's gain.
         self._cold = self._plain_run > 0
@@ -227,6 +235,7 @@ class AdaservePolicy(PolicyBase):
 
     def _plain(self, topk: int) -> tuple[int, int]:
         self._plain_run += 1
+        self._since_plain = 0
         return 0, topk
 
     def _plan_report(self, planned) -> dict:
