@@ -202,13 +202,15 @@ def plan_shape(
     draft_ms: LatencyFn,
     plain_ms: float,
     surplus_weight: float = 0.1,
+    margin: float = 0.0,
 ) -> PlanChoice | None:
     """Before the draft: the shape (d, w) and node count k per request that maximize the
     SLO-aware objective over every shape `gain` has seen; depth 0 when a plain decode scores
     at least as high. None when a model has no observation yet.
 
     slo: the running requests' SLO state; plain_ms: a plain iteration's predicted wall time
-    (measured apart: `PolicyBase.plain_latency`). A request commits e(s, k) = 1 + its SLO group's
+    (measured apart: `PolicyBase.plain_latency`); margin: how much more than a plain decode
+    speculation must score to be chosen. A request commits e(s, k) = 1 + its SLO group's
     gain tokens in an iteration of T(s, k) ms. What it needs in that iteration is its A(r)
     for an iteration of T ms (what puts it back on its SLO track), and at least its SLO's pace
     T / SLO. Its tokens count in full up to that need and with weight `surplus_weight` beyond
@@ -262,7 +264,7 @@ def plan_shape(
         d, w, nodes, float(committed[s, nodes]) / n, float(committed[s, nodes] / iteration[s, nodes]),
         n / plain, float(iteration[s, nodes]), plain, float(objective[s, nodes]), plain_counted / plain,
     )  # fmt: skip
-    if choice.objective <= choice.plain_objective:
+    if choice.objective <= (1.0 + margin) * choice.plain_objective:
         return dataclasses.replace(choice, depth=0, nodes_per_request=0)
     return choice
 

@@ -116,28 +116,39 @@ class LinearLatency:
 
 @dataclass
 class VerifyLatency(LinearLatency):
-    """A verify pass's latency vs (verified tokens T, context tokens): w1 T + w2 log2 T +
-    w3 context + intercept, all weights >= 0. The log term lets the fit bend: on a CPU a
-    one-token forward runs at a fraction of an eight-token one's cost per token (SmolLM2 here:
-    76 ms at 1 token, 158 at 8, 338 at 64), and a line through passes of many tokens prices
-    a few-token one ~2x. On a GPU, flat then linear, w2 is ~0. Callers pass (T, context)."""
+    """A forward's latency vs (tokens T, context tokens): w1 T + w2 log2 T + w3 context +
+    intercept, all weights >= 0. The log term lets the fit bend: on a CPU a one-token forward
+    runs at a fraction of an eight-token one's cost per token (SmolLM2 here: 76 ms at 1 token,
+    158 at 8, 338 at 64), and a line through passes of many tokens prices a few-token one ~2x.
+    On a GPU, flat then linear, w2 is ~0. Callers pass (T, context); with_context=False leaves
+    the context out of the fit (the window then follows it as it drifts)."""
 
     num_features: int = 3
+    with_context: bool = True
+
+    def __post_init__(self) -> None:
+        self.num_features = 3 if self.with_context else 2
+        super().__post_init__()
+
+    def _features(self, tokens, context) -> tuple:
+        log_tokens = math.log2(max(tokens, 1))
+        return (tokens, log_tokens, context) if self.with_context else (tokens, log_tokens)
 
     def observe(self, features: tuple[float, ...], latency_ms: float) -> None:
-        tokens, context = features
-        super().observe((tokens, math.log2(max(tokens, 1)), context), latency_ms)
+        super().observe(self._features(*features), latency_ms)
 
     def predict(self, features: tuple[float, ...]) -> float | None:
-        tokens, context = features
-        return super().predict((tokens, math.log2(max(tokens, 1)), context))
+        return super().predict(self._features(*features))
 
     def predict_tensor(self, tokens, context) -> torch.Tensor | None:
         tokens = torch.as_tensor(tokens, dtype=torch.float64)
-        return super().predict_tensor(tokens, tokens.clamp(min=1).log2(), context)
+        log_tokens = tokens.clamp(min=1).log2()
+        if not self.with_context:
+            return super().predict_tensor(tokens, log_tokens)
+        return super().predict_tensor(tokens, log_tokens, context)
 
     def marginal_ms(self, tokens: float) -> float | None:
-        """d latency / d T at T tokens: one more verified token's price there."""
+        """d latency / d T at T tokens: one more token's price there."""
         coef = self.coefficients()
         if coef is None:
             return None

@@ -133,6 +133,12 @@ def test_a_plain_decode_is_priced_at_what_it_measured():
     assert plan(flat_gain(0.9, 4, 2), 1, verify, plain_ms=10.0).depth == 0
 
 
+def test_a_switch_to_speculation_needs_its_margin():
+    # One node of f = 0.5 for 4 ms more verify: 1.5 / 14 = .107 per ms, 7 % over a plain 0.1.
+    assert plan(flat_gain(0.5, 1, 1), 1, linear_ms(10.0, 4.0)).depth == 1
+    assert plan(flat_gain(0.5, 1, 1), 1, linear_ms(10.0, 4.0), margin=0.1).depth == 0
+
+
 def test_draft_cost_decides_against_a_modest_gain():
     # Verify is free past the first token, but drafting costs 6 ms per step: depth 1 gives
     # (1 + 0.5) / (10 + 6) < 1 / 10, deeper is worse still.

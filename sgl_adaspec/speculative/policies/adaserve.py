@@ -107,6 +107,11 @@ class AdaserveConfig:
     # Speculative iterations between two exploring drafts (the full configured shape, which
     # keeps the gain of shapes larger than the planned one known, or a depth-1 chain).
     explore_interval: int = 16
+    # From a plain iteration, speculation must score this much above a plain decode to be
+    # chosen: its price and gain are estimates, and switching costs a cold draft that verifies
+    # nothing. Without it, on a CPU where speculation about breaks even, the plan flipped
+    # between the two on noise and paid a cold draft each time.
+    switch_margin: float = 0.1
     tree: AdaptiveTreeConfig = field(default_factory=AdaptiveTreeConfig)
     # TPOT without speculation, for SLO classes relative to it; None: estimated online as the
     # smoothed latency of the target's verify pass (one target forward, like a plain decode step).
@@ -258,11 +263,12 @@ class AdaservePolicy(PolicyBase):
             return None
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
         plain_ms = self.plain_latency.predict((slo.num_requests, self._context_tokens))
+        margin = self.config.switch_margin if self._plain_run > 0 else 0.0
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
             self.acceptance.version, self.plain_latency.version,
             int(8 * math.log2(1 + self._context_tokens)),
-            tuple(slo.tpot_slo_ms.nan_to_num(-1.0).tolist()),
+            tuple(slo.tpot_slo_ms.nan_to_num(-1.0).tolist()), margin,
         )  # fmt: skip
         cached_key, cached_plan, uses = self._plan_cache
         if cached_key == key and uses < PLAN_REUSE:
@@ -277,6 +283,7 @@ class AdaservePolicy(PolicyBase):
             verify_ms=verify.predict_tensor,
             draft_ms=self.draft_latency.predict_tensor,
             plain_ms=plain_ms or 0.0,
+            margin=margin,
         )
         self._plan_cache = (key, planned, 1)
         return planned

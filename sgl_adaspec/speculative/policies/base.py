@@ -194,10 +194,12 @@ class PolicyBase:
     # `cost_rule.draft_rows`): draft forwards, draft extend, tree building, the scheduler's
     # work; the intercept is the fixed price of speculating.
     draft_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
-    # A whole iteration without speculation vs (requests, context tokens), measured as it runs
-    # (a forward of one token per request, so the verify model's shape), not read off the
-    # verify passes: the scheduler's work around a plain decode is its own.
-    plain_latency: VerifyLatency = field(default_factory=VerifyLatency)
+    # A whole iteration without speculation vs requests n, measured as it runs (a forward of
+    # one token per request, so the verify model's shape), not read off the verify passes:
+    # the scheduler's work around a plain decode is its own. Context is left out: a slope
+    # fitted over the narrow range of contexts a run of plain iterations sees extrapolates its
+    # noise (here +20 % ten tokens on), and the window follows the context as it grows.
+    plain_latency: VerifyLatency = field(default_factory=lambda: VerifyLatency(with_context=False))
     # Maps the draft's path probability to the acceptance the target shows (learned online).
     acceptance: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
     _last_verify_ms: float | None = field(default=None, repr=False)
