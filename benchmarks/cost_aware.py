@@ -1,12 +1,17 @@
 """Does adaserve keep the promise on this machine: no request served worse than without
 speculation, and speculation where it pays? One run, same prompts, one server at a time.
 
-    python benchmarks/cost_aware.py [--loads 1,4,8] [--tokens N] [--repeats R] [--pairs P,...]
+    python benchmarks/cost_aware.py [--loads 1,4,8] [--tokens N] [--repeats R] [--warmup W]
+                                    [--pairs P,...]
 
 Configurations: no speculation, static EAGLE (`--spec-policy static`), tetris and adaserve (its
 default cost rule), each with EAGLE steps 4, topk 2, 8 draft tokens. Pairs: SmolLM2-135M-Instruct
-+ the committed EAGLE draft (a draft that rarely pays on a CPU), and the tiny bigram pair (its
-draft is always right). At each load n, n built-in prompts are streamed at once with mixed
++ the committed EAGLE draft (a draft that rarely pays on a CPU), the tiny bigram pair (its draft
+is always right, but its 1-layer target's forward is cheaper than SGLang's own work around a
+speculative iteration), and the deep bigram (`tiny-bigram-deep`: the same tokens at the forward
+cost of a 49-layer model, where the target's forward outweighs that work, as a large model's
+does). `--warmup` rounds (default 1) run first and are not counted; adaserve's TPOT over no
+speculation's in them (a fresh server's) is printed apart. At each load n, n built-in prompts are streamed at once with mixed
 classes (coding, chat, summarization in turn); each request carries its TPOT SLO in ms, resolved
 from the classes of `configs/slo_classes.yaml` with the baseline = no speculation's median TPOT
 at that load, measured first in the same run (absolute classes below the baseline are out of
@@ -69,25 +74,34 @@ def run_batch(url: str, texts: list[str], tokens: int, slos: dict[str, float] | 
         return list(pool.map(one, jobs))
 
 
-def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats):
+def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmup=1):
     """Per configuration and load: every request's (class, TPOT ms). All servers are up at once
     (each sleeps when idle), and each round runs every configuration's batch back to back, so a
     drift of the host's speed (they reach 20 % on this machine within minutes) falls on all of
     them alike. In each round no speculation goes first; the SLOs the others' requests carry
-    come from its median TPOT at that load so far."""
+    come from its median TPOT at that load so far. The first `warmup` rounds are not counted:
+    a server's first requests pay its set-up, and adaserve's its learning of what speculation
+    returns here (its cold start is reported apart)."""
     out = {config: {n: [] for n in loads} for config in servers}
+    cold = {config: {n: [] for n in loads} for config in ("none", "adaserve")}
     for server in servers.values():
         stream_generate(server.url, texts[0], 4)  # warm-up
     others = [c for c in servers if c != "none"]
-    for round_ in range(repeats):
+    for round_ in range(warmup + repeats):
         for n in loads:
+            if round_ == warmup:  # counted rounds: no speculation's own baseline from here on
+                cold["none"][n], out["none"][n] = out["none"][n], []
             out["none"][n] += run_batch(servers["none"].url, texts[:n], tokens, None)
             slos = class_slos_ms(statistics.median(t for _, t in out["none"][n]))
             shift = round_ % len(others)
             for config in others[shift:] + others[:shift]:
-                out[config][n] += run_batch(servers[config].url, texts[:n], tokens, slos)
-        print(f"round {round_ + 1}/{repeats} done", flush=True)
-    return out
+                results = run_batch(servers[config].url, texts[:n], tokens, slos)
+                if round_ >= warmup:
+                    out[config][n] += results
+                elif config == "adaserve":
+                    cold["adaserve"][n] += results
+        print(f"round {round_ + 1}/{warmup + repeats} done", flush=True)
+    return out, cold
 
 
 def choices(server: Server) -> str:
@@ -108,20 +122,28 @@ def attainment(results, slos: dict[str, float], baseline_ms: float) -> float | N
     return sum(t <= slos[c] for c, t in judged) / len(judged) if judged else None
 
 
-def run_pair(name: str, loads, tokens, repeats, logs: Path) -> dict[str, dict[int, float]]:
+def run_pair(name: str, loads, tokens, repeats, warmup, logs: Path) -> dict[str, dict[int, float]]:
     """Median TPOT per configuration and load; prints the pair's table."""
     target, draft = pair(name)
     texts = builtin_prompts(max(loads))
     spec = eagle_flags(draft, 4, 2, 8)
     servers = {
-        config: Server(target, (*spec, *flags) if flags else (), log_path=logs / f"{name}-{config}.log")
+        config: Server(
+            target, (*spec, *flags) if flags else (), log_path=logs / f"{name}-{config}.log"
+        )
         for config, flags in CONFIGS.items()
     }
     with contextlib.ExitStack() as stack:
         for server in servers.values():
             stack.enter_context(server)
-        results = interleaved(servers, loads, texts, tokens, repeats)
+        results, cold = interleaved(servers, loads, texts, tokens, repeats, warmup)
         print(f"{name} adaserve: {choices(servers['adaserve'])}")
+    if warmup:
+        ratios = ", ".join(
+            f"n={n}: {statistics.median(t for _, t in cold['adaserve'][n]) / statistics.median(t for _, t in cold['none'][n]):.3f}"
+            for n in loads
+        )
+        print(f"{name}: warm-up rounds (a fresh server, not counted), adaserve / none: {ratios}")
     baseline = {n: statistics.median(t for _, t in rs) for n, rs in results["none"].items()}
     print(f"\n{name}: median TPOT ms (SLO attainment) by load; baseline = no speculation")
     print(f"{'config':<10}" + "".join(f"{'n=' + str(n):>18}" for n in loads))
@@ -145,17 +167,22 @@ def main() -> int:
     parser.add_argument("--loads", default="1,4,8")
     parser.add_argument("--tokens", type=int, default=48, help="new tokens per request")
     parser.add_argument("--repeats", type=int, default=2, help="batches per load")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="rounds run first and not counted (default 1)"
+    )
     parser.add_argument("--pairs", default="bigram,bigram-deep,smollm2")
     args = parser.parse_args()
     loads = [int(n) for n in args.loads.split(",")]
     logs = Path(tempfile.mkdtemp(prefix="cost_aware_"))
     pairs = args.pairs.split(",")
-    medians = {p: run_pair(p, loads, args.tokens, args.repeats, logs) for p in pairs}
+    medians = {p: run_pair(p, loads, args.tokens, args.repeats, args.warmup, logs) for p in pairs}
     print(f"\nserver logs: {logs}")
     for p, m in medians.items():
         ratios = {n: m["adaserve"][n] / m["none"][n] for n in loads}
-        print(f"{p}: adaserve / no speculation median TPOT by load "
-              + ", ".join(f"n={n}: {r:.3f}" for n, r in ratios.items()))
+        print(
+            f"{p}: adaserve / no speculation median TPOT by load "
+            + ", ".join(f"n={n}: {r:.3f}" for n, r in ratios.items())
+        )
     last = "smollm2" if "smollm2" in medians else next(iter(medians))
     worst = max(medians[last]["adaserve"][n] / medians[last]["none"][n] for n in loads)
     print(f"adaserve_tpot_over_nospec_max={worst:.3f}")
