@@ -168,6 +168,7 @@ class AdaservePolicy(PolicyBase):
     _explores: int = field(default=0, repr=False)
     # The last plan and what it was computed from (see `_cost_plan`).
     _plan_cache: tuple = field(default=(None, None, 0), repr=False)  # key, plan, uses
+    _reported: tuple = field(default=(None, None), repr=False)  # what stats.last_plan shows
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
@@ -200,7 +201,7 @@ class AdaservePolicy(PolicyBase):
         planned = None if slo is None else self._cost_plan(slo)
         if planned is not None and planned.depth == 0:
             if self._probe_left == 0 and self._plain_run < self._probe_every:
-                self.stats.last_plan = self._plan_report(planned)
+                self._report(planned)
                 return self._plain(topk)
             if self._probe_left == 0:  # a probe: a cold draft, then a measured one
                 self._probe_left = 2
@@ -233,9 +234,7 @@ class AdaservePolicy(PolicyBase):
         explored = planned is None or shape != (planned.depth, planned.width)
         self._since_explore = 0 if explored else self._since_explore + 1
         if planned is not None:
-            self.stats.last_plan = {
-                **self._plan_report(planned), "depth": shape[0], "width": shape[1]
-            }  # fmt: skip
+            self._report(planned, shape)
         return shape
 
     def _plain(self, topk: int) -> tuple[int, int]:
@@ -243,14 +242,22 @@ class AdaservePolicy(PolicyBase):
         self._since_plain = 0
         return 0, topk
 
-    def _plan_report(self, planned) -> dict:
-        """The plan for /server_info, with the learned inputs behind it."""
+    def _report(self, planned, shape: tuple[int, int] | None = None) -> None:
+        """The plan (and the shape drafted, where it speculates) for /server_info, with the
+        learned inputs behind it; rebuilt only when either changes (a plan serves up to
+        `PLAN_REUSE` iterations, and reading the curves costs a plain decode's share)."""
+        if self._reported == (id(planned), shape):
+            return
+        self._reported = (id(planned), shape)
         curve = self.gain.curve(planned.depth, planned.width)
-        return {
+        report = {
             **planned.as_dict(),
             "acceptance_curve": self.acceptance.curve(),
             "gain_curve": None if curve is None else [round(x, 3) for x in curve[:9].tolist()],
         }
+        if shape is not None:
+            report.update(depth=shape[0], width=shape[1])
+        self.stats.last_plan = report
 
     def _cost_plan(self, slo: SloBatch):
         """The cost model's plan for the next draft (None until it has measurements). Reused

@@ -68,9 +68,9 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     request_state.track_requests(batch.reqs, policy)
     start = clock.cycle_start(time.perf_counter())
     with iteration_scope() as scope:
-        slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
+        scope.slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
         scope.draft_shape = policy.draft_shape(
-            num_requests, worker.speculative_num_steps, worker.topk, slo
+            num_requests, worker.speculative_num_steps, worker.topk, scope.slo
         )
         scope.plain = scope.draft_shape[0] == 0
         if scope.plain:
@@ -210,10 +210,9 @@ def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> Iter
     spec_info = batch.spec_info
     cands = candidates_from_verify_input(spec_info, scope.path_prob, scope.parents)
     depth, width = scope.draft_ran or (worker.speculative_num_steps, worker.topk)
-    slo = request_state.slo_batch(reqs, policy, policy.baseline_tpot_ms())
     return IterationInput(
         cands=cands,
-        slo=slo,
+        slo=scope.slo or request_state.slo_batch(reqs, policy, policy.baseline_tpot_ms()),
         rids=tuple(req.rid for req in reqs),
         context_lens=torch.tensor(
             [len(req.origin_input_ids) + len(req.output_ids) for req in reqs], dtype=torch.long

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.policies.base import Decision, IterationInput
 
 
@@ -20,6 +21,7 @@ from sgl_adaspec.speculative.policies.base import Decision, IterationInput
 class Iteration:
     """One speculative iteration's state: every hook of the iteration reads and writes it here
     (`current_iteration()`), nothing is left on SGLang's objects.
+    - slo: the running requests' SLO state, taken once as the iteration starts;
     - plain: the iteration runs without speculation (the policy's draft depth was 0);
     - draft_shape: the (depth, width) the policy asked the draft for; draft_ran: the shape the
       draft actually ran (the configured one where tiers are not supported);
@@ -35,6 +37,7 @@ class Iteration:
     - deepest_accepted [bs]: each request's deepest accepted candidate node (-1: none), None
       when unknown (`tree.deepest_accepted`)."""
 
+    slo: SloBatch | None = None
     plain: bool = False
     draft_shape: tuple[int, int] | None = None
     draft_ran: tuple[int, int] | None = None
