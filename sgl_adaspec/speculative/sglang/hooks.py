@@ -65,9 +65,9 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         with iteration_scope():
             return original(worker, batch, *args, **kwargs)
     num_requests = len(batch.reqs)
-    request_state.track_requests(batch.reqs, policy)
     start = clock.cycle_start(time.perf_counter())
     with iteration_scope() as scope:
+        # slo_batch attaches the SLO clock of requests decoding for the first time.
         scope.slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
         scope.draft_shape = policy.draft_shape(
             num_requests, worker.speculative_num_steps, worker.topk, scope.slo
@@ -212,7 +212,11 @@ def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> Iter
     depth, width = scope.draft_ran or (worker.speculative_num_steps, worker.topk)
     return IterationInput(
         cands=cands,
-        slo=scope.slo or request_state.slo_batch(reqs, policy, policy.baseline_tpot_ms()),
+        slo=(
+            scope.slo
+            if scope.slo is not None
+            else request_state.slo_batch(reqs, policy, policy.baseline_tpot_ms())
+        ),
         rids=tuple(req.rid for req in reqs),
         context_lens=torch.tensor(
             [len(req.origin_input_ids) + len(req.output_ids) for req in reqs], dtype=torch.long
