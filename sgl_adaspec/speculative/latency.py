@@ -57,6 +57,10 @@ class LinearLatency:
     def num_observations(self) -> int:
         return len(self._rows)
 
+    def feature_values(self, index: int) -> list[float]:
+        """Feature `index` of every observation held."""
+        return [row[index] for row in self._rows]
+
     def coefficients(self) -> torch.Tensor | None:
         """[num_features + 1] float64: slopes then intercept (None before any observation)."""
         if not self._rows:

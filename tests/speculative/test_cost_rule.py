@@ -14,6 +14,7 @@ from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.cost_rule import ShapeGain, cost_budget, plan_shape
 from sgl_adaspec.speculative.policies.adaserve import (
+    FIRST_REMEASURE,
     REMEASURE_PLAIN,
     AdaserveConfig,
     AdaservePolicy,
@@ -236,11 +237,13 @@ def test_calibration_without_observations_is_the_identity():
     assert calibration.apply(f).tolist() == pytest.approx(f.tolist(), abs=0.02)
 
 
-def feed(policy: AdaservePolicy, verify_ms: float, iteration_ms: float, accepted: int) -> None:
-    """One plain iteration (no decision: verified 1 token) of one request."""
+def feed(
+    policy: AdaservePolicy, verify_ms: float, iteration_ms: float, accepted: int, requests: int = 1
+) -> None:
+    """One plain iteration (no decision: verified 1 token each) of `requests` requests."""
     outcome = make_outcome(
-        None, None, rids=("r",), context_tokens=10, accepted=torch.tensor([accepted]),
-        verify_ms=verify_ms, iteration_ms=iteration_ms,
+        None, None, rids=tuple(f"r{i}" for i in range(requests)), context_tokens=10 * requests,
+        accepted=torch.full((requests,), accepted), verify_ms=verify_ms, iteration_ms=iteration_ms,
     )  # fmt: skip
     policy.observe(outcome)
 
@@ -276,24 +279,49 @@ def speculating_policy(config: AdaserveConfig) -> AdaservePolicy:
 
 
 def test_adaserve_explores_the_full_shape_and_a_one_step_chain():
-    policy = speculating_policy(AdaserveConfig(explore_interval=4))
-    shapes = [policy.draft_shape(1, 4, 2, slo([math.nan])) for _ in range(8)]
-    assert shapes == [(2, 1)] * 3 + [(4, 2)] + [(2, 1)] * 3 + [(1, 1)]
+    policy = speculating_policy(AdaserveConfig(explore_interval=3))
+    shapes = [policy.draft_shape(1, 4, 2, slo([math.nan])) for _ in range(6)]
+    assert shapes == [(2, 1)] * 2 + [(4, 2)] + [(2, 1)] * 2 + [(1, 1)]
 
 
 def test_adaserve_remeasures_a_plain_decode_while_speculating():
     policy = speculating_policy(AdaserveConfig(explore_interval=1000))
-    shapes = [policy.draft_shape(1, 4, 2, slo([math.nan])) for _ in range(REMEASURE_PLAIN + 1)]
-    assert shapes[: REMEASURE_PLAIN - 1] == [(2, 1)] * (REMEASURE_PLAIN - 1)
-    assert shapes[REMEASURE_PLAIN - 1 :] == [(0, 2), (1, 1)]  # then a chain warms the draft
+    shapes = [policy.draft_shape(1, 4, 2, slo([math.nan])) for _ in range(4 * REMEASURE_PLAIN)]
+    plain_at = [i for i, (depth, _) in enumerate(shapes) if depth == 0]
+    # Soon at first (so a stalled measurement is outvoted), then ever more rarely.
+    gaps = [b - a for a, b in zip([-1, *plain_at], plain_at)]
+    assert gaps[0] == FIRST_REMEASURE
+    assert gaps == sorted(gaps) and gaps[-1] == REMEASURE_PLAIN
+    assert all(shapes[i + 1] == (1, 1) for i in plain_at)  # a chain warms the draft
+
+
+def test_adaserve_measures_a_plain_decode_at_each_new_load():
+    policy = speculating_policy(AdaserveConfig(explore_interval=1000))  # plain measured at n=1
+    assert policy.draft_shape(1, 4, 2, slo([math.nan])) == (2, 1)
+    assert policy.draft_shape(3, 4, 2, slo([math.nan] * 3))[0] == 0  # n = 3: not yet
+    feed(policy, verify_ms=12.0, iteration_ms=12.5, accepted=1, requests=3)
+    assert policy.draft_shape(3, 4, 2, slo([math.nan] * 3)) == (1, 1)  # measured: cold chain
+    assert policy.draft_shape(2, 4, 2, slo([math.nan] * 2))[0] > 0  # 2 and 3 share a bucket
+
+
+def test_adaserve_does_not_price_a_plain_decode_by_its_warm_up():
+    policy = AdaservePolicy(AdaserveConfig())
+    one = slo([math.nan])
+    assert policy.draft_shape(1, 4, 2, one) == (0, 2)
+    feed(policy, verify_ms=90.0, iteration_ms=100.0, accepted=1)  # the server's first decode
+    assert policy.plain_latency.num_observations == 0
+    assert policy.draft_shape(1, 4, 2, one) == (0, 2)  # so it is measured again
+    feed(policy, verify_ms=9.0, iteration_ms=10.0, accepted=1)
+    assert policy.plain_latency.predict((1, 10)) == pytest.approx(10.0)
 
 
 def test_adaserve_plain_outcome_is_counted_apart():
     policy = AdaservePolicy(AdaserveConfig())
+    feed(policy, verify_ms=90.0, iteration_ms=99.0, accepted=1)  # a warm-up, not learned
     feed(policy, verify_ms=10.0, iteration_ms=11.0, accepted=1)  # a plain iteration
     assert policy.plain_latency.predict((1, 10)) == pytest.approx(11.0)
     assert policy.stats.iterations == 0  # speculative iterations only
-    assert policy.verify_latency.num_observations == 1
+    assert policy.verify_latency.num_observations == 2
 
 
 def test_adaserve_measures_a_plain_decode_first_and_warms_a_cold_draft():
@@ -301,6 +329,8 @@ def test_adaserve_measures_a_plain_decode_first_and_warms_a_cold_draft():
     one = slo([math.nan])
     policy.verify_latency.seed([((1, 10), 10.0), ((8, 10), 12.0)])
     assert policy.draft_shape(1, 4, 2, one) == (0, 2)  # nothing measured: a plain decode
+    feed(policy, verify_ms=60.0, iteration_ms=70.0, accepted=1)  # the warm-up, not learned
+    assert policy.draft_shape(1, 4, 2, one) == (0, 2)
     feed(policy, verify_ms=10.0, iteration_ms=10.5, accepted=1)
     # The draft's state is stale after it: a depth-1 chain first, whose gain is not learned.
     assert policy.draft_shape(1, 4, 2, one) == (1, 1)

@@ -48,8 +48,16 @@ from sgl_adaspec.speculative.shapes import restrict_to_shape
 BUDGET_RULES = ("cost", "knee")
 # Iterations one cost plan may serve while its inputs stand (see `_cost_plan`).
 PLAN_REUSE = 8
-# Speculative iterations between two plain ones that re-measure a plain decode's price.
+# Planned speculative iterations between two plain ones that re-measure a plain decode's
+# price: FIRST_REMEASURE at first, doubling after each to REMEASURE_PLAIN (a few early points
+# let the fit tell a stalled measurement from the price).
+FIRST_REMEASURE = 8
 REMEASURE_PLAIN = 128
+
+
+def load_bucket(num_requests: int) -> int:
+    """Loads within 2x share a bucket: 1, 2-3, 4-7, 8-15, ..."""
+    return max(num_requests, 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,11 @@ class AdaservePolicy(PolicyBase):
     _cold: bool = field(default=False, repr=False)  # this draft follows a plain iteration
     _since_explore: int = field(default=0, repr=False)  # speculative iterations since one
     _since_plain: int = field(default=0, repr=False)  # planned speculative ones since a plain one
+    _remeasure_every: int = field(default=FIRST_REMEASURE, repr=False)
+    # Loads (`load_bucket`s) that plain_latency holds a measurement at: a cache of its rows,
+    # refreshed on a miss.
+    _plain_loads: set = field(default_factory=set, repr=False)
+    _warmed_up: bool = field(default=False, repr=False)
     _explores: int = field(default=0, repr=False)
     # The last plan and what it was computed from (see `_cost_plan`).
     _plan_cache: tuple = field(default=(None, None, 0), repr=False)  # key, plan, uses
@@ -183,8 +196,9 @@ class AdaservePolicy(PolicyBase):
 
         Knee rule: eq. 8-9's load-adaptive shape. Cost rule: the shape whose expected tokens
         per ms is highest (`cost_rule.plan_shape`), and d = 0 (no speculation) when a plain
-        decode's is higher. The first iteration runs plain (its cost is measured, never
-        extrapolated); the full configured shape runs until a plan exists, every
+        decode's is higher. The first iteration at each load (within 2x) runs plain (its cost is
+        measured, never extrapolated; the server's very first is a warm-up, not measured); the
+        full configured shape runs until a plan exists, every
         `explore_interval` speculative iterations, and in probes, so every shape's gain stays
         measured. A draft after a plain iteration is a depth-1 chain (the draft's state is stale
         then). While not speculating, every `probe_interval` iterations (doubling while probes
@@ -194,9 +208,9 @@ class AdaservePolicy(PolicyBase):
             depth, width = tree_shape(num_requests, self.config.tree)
             return min(depth, steps), min(width, topk)
         full = (steps, topk)
-        if self.plain_latency.num_observations == 0:
+        if not self._plain_measured_at(num_requests):
             # What a plain decode costs here is measured, not extrapolated: the first
-            # iteration runs as one.
+            # iteration at each load (within 2x) runs as one.
             return self._plain(topk)
         planned = None if slo is None else self._cost_plan(slo)
         if planned is not None and planned.depth == 0:
@@ -209,9 +223,10 @@ class AdaservePolicy(PolicyBase):
         elif planned is not None and self._probe_left == 0:
             self._probe_every = self.config.probe_interval
             self._since_plain += 1
-            if self._since_plain >= REMEASURE_PLAIN:
+            if self._since_plain >= self._remeasure_every:
                 # While speculating, a plain decode's price would otherwise never be measured
-                # again (its first measurement may be a cold start's, or from another load).
+                # again (one measurement may be a stalled one, or the context has grown).
+                self._remeasure_every = min(2 * self._remeasure_every, REMEASURE_PLAIN)
                 return self._plain(topk)
         # After a plain iteration the draft's state is stale (SGLang skipped its extend): the
         # cheapest draft, a depth-1 chain, warms it; what it returns is not the draft's gain.
@@ -236,6 +251,23 @@ class AdaservePolicy(PolicyBase):
         if planned is not None:
             self._report(planned, shape)
         return shape
+
+    def observe_plain_iteration(
+        self, latency_ms: float, num_requests: int = 1, context_tokens: int = 0
+    ) -> None:
+        if not self._warmed_up and self.plain_latency.num_observations == 0:
+            # A server's first decode pays one-time set-up, a price that a fit of one or two
+            # points cannot tell apart from the load's.
+            self._warmed_up = True
+            self._last_verify_ms = None
+            return
+        super().observe_plain_iteration(latency_ms, num_requests, context_tokens)
+
+    def _plain_measured_at(self, num_requests: int) -> bool:
+        bucket = load_bucket(num_requests)
+        if bucket not in self._plain_loads:
+            self._plain_loads = {load_bucket(int(n)) for n in self.plain_latency.feature_values(0)}
+        return bucket in self._plain_loads
 
     def _plain(self, topk: int) -> tuple[int, int]:
         self._plain_run += 1
