@@ -78,6 +78,19 @@ def route_on_cpu(torch_impl: Callable) -> Callable:
     return hook
 
 
+def eager_on_cpu(original: Callable, *args, **kwargs):
+    """AROUND hook on a function SGLang compiles with torch.compile: on the generic CPU, the
+    function itself, uncompiled. SGLang compiles the draft's beam step (dynamic shapes); on
+    this project's CPU a compile takes 3-8 s (one per server process, at its warm-up request;
+    more where a new shape breaks a guard: a lone call with a batch of one, then of four, then
+    width one, compiled three times), and it needs a C++ compiler and Python's headers at run
+    time (an image without them failed its first request). Eager is as fast per call here
+    (~0.1 ms)."""
+    if on_generic_cpu(_first_tensor(args, kwargs).device):
+        return getattr(original, "_torchdynamo_orig_callable", original)(*args, **kwargs)
+    return original(*args, **kwargs)
+
+
 def _verify_tree_greedy(*args, topk: int = -1, **kwargs):
     from sgl_adaspec.platform.cpu import ops
 
@@ -169,6 +182,9 @@ def register(registry, hook_type) -> None:
     }
     for target, torch_impl in routed.items():
         registry.register(target, route_on_cpu(torch_impl), around)
+    registry.register(
+        "sglang.srt.speculative.spec_utils._select_top_k_tokens_later", eager_on_cpu, around
+    )
     registry.register(
         "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup",
         kv_copy_init,
