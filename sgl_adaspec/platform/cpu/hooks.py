@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -192,9 +193,7 @@ def register(registry, hook_type) -> None:
     )
     factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
     registry.register(f"{factory}.create_decode_backend", create_draft_decode_backend, around)
-    registry.register(
-        f"{factory}.create_draft_extend_backend", create_draft_extend_backend, around
-    )
+    registry.register(f"{factory}.create_draft_extend_backend", create_draft_extend_backend, around)
     _register_attention_factory()
     for name in ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob"):
         _provide_missing_kernel("sglang.srt.speculative.eagle_utils", name, getattr(ops, name))
