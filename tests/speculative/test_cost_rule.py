@@ -334,8 +334,23 @@ def test_adaserve_measures_a_plain_decode_first_and_warms_a_cold_draft():
     feed(policy, verify_ms=10.0, iteration_ms=10.5, accepted=1)
     # The draft's state is stale after it: a depth-1 chain first, whose gain is not learned.
     assert policy.draft_shape(1, 4, 2, one) == (1, 1)
-    policy.decide(iteration_input(beam([[[0.0]]]), 1, 1))
+    cold = iteration_input(beam([[[0.9]]]), 1, 1)
+    policy.observe(verified_outcome(cold, policy.decide(cold), accepted=0))
     assert not policy.gain.known
+    # Nor its acceptance: the stale draft was sure (f 0.9) and wrong.
+    assert policy.stats.calibration_trials == 0 and policy.stats.observed_accepted == 0
     assert policy.draft_shape(1, 4, 2, one) == (4, 2)  # then the full search, learned from
-    policy.decide(iteration_input(beam([[[0.9, 0.1]] * 4]), 4, 2))
+    warm = iteration_input(beam([[[0.9, 0.1]] * 4]), 4, 2)
+    policy.observe(verified_outcome(warm, policy.decide(warm), accepted=2, width=2))
     assert policy.gain.known
+    assert policy.stats.calibration_trials > 0 and policy.stats.observed_accepted == 2
+
+
+def verified_outcome(it, decision, accepted: int, width: int = 1):
+    """The outcome of one request's verify of a `beam` of that width that accepted `accepted`
+    draft tokens, the first-ranked node of each level."""
+    deepest = torch.tensor([(accepted - 1) * width if accepted else -1])
+    return make_outcome(
+        it, decision, rids=("r",), context_tokens=10, accepted=torch.tensor([accepted + 1]),
+        verify_ms=10.0, iteration_ms=12.0, deepest_accepted=deepest,
+    )  # fmt: skip

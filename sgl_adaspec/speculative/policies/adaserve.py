@@ -263,6 +263,9 @@ class AdaservePolicy(PolicyBase):
             return
         super().observe_plain_iteration(latency_ms, num_requests, context_tokens)
 
+    def draft_is_stale(self) -> bool:
+        return self._cold
+
     def _plain_measured_at(self, num_requests: int) -> bool:
         bucket = load_bucket(num_requests)
         if bucket not in self._plain_loads:

@@ -221,7 +221,7 @@ class PolicyBase:
         if outcome.accepted is not None:
             if outcome.speculated:
                 self.observe_outcome(outcome.rids, outcome.verified, outcome.accepted)
-            if outcome.verified_f is not None:
+            if outcome.verified_f is not None and not self.draft_is_stale():
                 # The prediction is the calibration's before it learns from this outcome.
                 self.stats.observe_calibration(
                     float(outcome.verified_f.sum()),
@@ -244,6 +244,12 @@ class PolicyBase:
             self.observe_plain_iteration(
                 outcome.iteration_ms, len(outcome.rids), outcome.context_tokens
             )
+
+    def draft_is_stale(self) -> bool:
+        """Whether this iteration's draft ran on stale state (after iterations without
+        speculation, whose draft extends SGLang skipped): its path probabilities then say
+        little of acceptance, and its outcome trains no calibration."""
+        return False
 
     def draft_shape(
         self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
