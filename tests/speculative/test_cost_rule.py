@@ -265,6 +265,29 @@ def test_adaserve_stands_down_then_probes():
     assert policy.stats.last_plan["speculate"] is False
 
 
+def standing_down_policy(probe_interval: int) -> AdaservePolicy:
+    """Measured: plain 10 ms; a speculative iteration (draft 2-8 ms + verify) does not pay."""
+    policy = AdaservePolicy(AdaserveConfig(probe_interval=probe_interval))
+    policy.verify_latency.seed([((1, 10), 10.0), ((8, 10), 80.0)])
+    policy.plain_latency.seed([((1, 10), 10.0), ((2, 10), 10.0)])
+    policy.gain = flat_gain(0.5, 4, 2)
+    policy.draft_latency.seed([((1, 1), 2.0), ((4, 7), 8.0)])
+    return policy
+
+
+def test_adaserve_probes_only_when_no_request_on_track_would_lose_its_slo():
+    # Two requests with a 12 ms SLO, 100 tokens out: one 30 ms ahead of its track, one behind.
+    tight = slo([12.0, 12.0], elapsed_ms=[1170.0, 1300.0], tokens=[100.0, 100.0])
+    policy = standing_down_policy(probe_interval=2)
+    cost = 2 * (policy._cost_plan(tight).iteration_ms - policy._cost_plan(tight).plain_ms)
+    assert cost > 30.0  # a probe would put the first off its track
+    assert [policy.draft_shape(2, 4, 2, tight)[0] for _ in range(6)] == [0] * 6
+    assert policy._plain_run >= policy._probe_every  # the probe was due, and deferred
+    # With the slack to pay for it (and the other still behind: it does not block), it probes.
+    roomy = slo([12.0, 12.0], elapsed_ms=[1200.0 - cost - 1.0, 1300.0], tokens=[100.0, 100.0])
+    assert policy.draft_shape(2, 4, 2, roomy) == (1, 1)  # the probe's cold chain
+
+
 def speculating_policy(config: AdaserveConfig) -> AdaservePolicy:
     policy = AdaservePolicy(config)
     policy.verify_latency.seed([((1, 10), 10.0), ((3, 10), 10.0)])  # verify is flat

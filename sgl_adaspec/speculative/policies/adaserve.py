@@ -214,7 +214,8 @@ class AdaservePolicy(PolicyBase):
             return self._plain(topk)
         planned = None if slo is None else self._cost_plan(slo)
         if planned is not None and planned.depth == 0:
-            if self._probe_left == 0 and self._plain_run < self._probe_every:
+            due = self._plain_run >= self._probe_every
+            if self._probe_left == 0 and not (due and self._can_afford_probe(slo, planned)):
                 self._report(planned)
                 return self._plain(topk)
             if self._probe_left == 0:  # a probe: a cold draft, then a measured one
@@ -262,6 +263,17 @@ class AdaservePolicy(PolicyBase):
             self._last_verify_ms = None
             return
         super().observe_plain_iteration(latency_ms, num_requests, context_tokens)
+
+    @staticmethod
+    def _can_afford_probe(slo: SloBatch, planned) -> bool:
+        """A probe runs two drafts the plan expects not to pay, each at most `iteration_ms -
+        plain_ms` behind a plain decode for every request. It waits until no request on its
+        SLO track has less slack than that: the probe is the policy's investment, not theirs
+        (a request already behind needs the speed a probe may find, and does not block it)."""
+        cost_ms = 2.0 * max(planned.iteration_ms - planned.plain_ms, 0.0)
+        slack = slo.slack_ms
+        on_track = slack >= 0
+        return not bool((slack[on_track] < cost_ms).any())
 
     def draft_is_stale(self) -> bool:
         return self._cold
