@@ -56,6 +56,13 @@ def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
             f"needs --speculative-eagle-topk >= 2 (got {topk}); chain policies use the most "
             f"probable chain of the tree"
         )
+    tp_size = getattr(server_args, "tp_size", 1) or 1
+    if tp_size > 1 and getattr(config.policy_config, "early_exit", "off") != "off":
+        # The exit test reads the lm_head, which tensor parallelism splits across ranks.
+        raise ConfigError(
+            f"--faser-early-exit needs --tp 1 (got --tp {tp_size}): the early-exit test reads "
+            f"the whole lm_head; drop --faser-early-exit to run faser with tensor parallelism"
+        )
     steps = getattr(server_args, "speculative_num_steps", None)
     check_steps = getattr(config.policy_config, "check_steps", None)
     if steps is not None and check_steps is not None:

@@ -72,6 +72,10 @@ BAD_FLAGS = [
             [*EAGLE_TREE, "--speculative-eagle-topk", "1", "--spec-policy", "faser"],
             "needs --speculative-eagle-topk >= 2 (got 1)",
         ),
+        (
+            [*EAGLE_TREE, "--tp", "2", "--spec-policy", "faser", "--faser-early-exit"],
+            "--faser-early-exit needs --tp 1 (got --tp 2)",
+        ),
 ]
 
 # Every bad-flag case through SGLang's own parsing in one interpreter (an SGLang import costs
@@ -122,7 +126,7 @@ def test_bad_flags_exit_2_with_one_clear_line_before_loading(parsed_bad_flags, c
 
 
 def test_the_launcher_itself_exits_2_on_a_bad_flag():
-    flags, message = BAD_FLAGS[-3]  # checked against SGLang's own --speculative-num-steps
+    flags, message = BAD_FLAGS[-4]  # checked against SGLang's own --speculative-num-steps
     result = launch("--model-path", "/nonexistent/model", *flags)
     one_clear_line(result.returncode, result.stderr, message)
 

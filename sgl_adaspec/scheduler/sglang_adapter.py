@@ -6,12 +6,12 @@ When SLO-aware scheduling is active (`--slo-admission`, on by default for adaser
 - BEFORE `PrefillAdder.__init__`: cap this iteration's prefill tokens by
   `scheduler.prefill_bound.prefill_token_budget` so a long prompt cannot push running requests
   with tight TPOT SLOs off their track (cost per token from the start-up verify profile).
-With it off (e.g. `--spec-policy static`) neither changes anything.
+With it off (e.g. `--spec-policy static`) neither changes anything. Under tensor parallelism
+both are decided on rank 0 and broadcast (`speculative/sglang/tp_sync.py`): they read clocks,
+and every rank must build the same batch.
 """
 
 from __future__ import annotations
-
-import time
 
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.admission import AdmissionConfig, WaitingRequest, admission_order
@@ -34,16 +34,22 @@ def order_waiting_queue(_result, schedule_policy, waiting_queue, *args, **kwargs
     config = AdaspecConfig.from_env()
     if not config.slo_admission_active or len(waiting_queue) < 2:
         return
-    admission = AdmissionConfig(max_wait_ms=config.admission_max_wait_ms)
-    waiting = [
-        WaitingRequest(
-            arrival_s=req.time_stats.scheduler_recv_time,
-            ttft_slo_ms=request_slo(req).ttft_slo_ms,
-            prompt_tokens=len(req.origin_input_ids),
-        )
-        for req in waiting_queue
-    ]
-    order = admission_order(waiting, time.perf_counter(), admission)
+    from sgl_adaspec.speculative.sglang.runtime import now_s, tp_sync
+
+    sync = tp_sync()
+    order = None
+    if sync.leads:
+        admission = AdmissionConfig(max_wait_ms=config.admission_max_wait_ms)
+        waiting = [
+            WaitingRequest(
+                arrival_s=req.time_stats.scheduler_recv_time,
+                ttft_slo_ms=request_slo(req).ttft_slo_ms,
+                prompt_tokens=len(req.origin_input_ids),
+            )
+            for req in waiting_queue
+        ]
+        order = admission_order(waiting, now_s(), admission)
+    order = sync.value(order)
     waiting_queue[:] = [waiting_queue[i] for i in order]
 
 
@@ -57,18 +63,34 @@ def bound_prefill(*args, **kwargs):
     with tight TPOT SLOs cannot afford a long prefill (see `scheduler/prefill_bound.py`)."""
     if len(args) <= _REM_CHUNK or not AdaspecConfig.from_env().slo_admission_active:
         return None
-    reqs = getattr(args[_RUNNING_BATCH], "reqs", None) or []
+    from sgl_adaspec.speculative.sglang.runtime import tp_sync
+
+    sync = tp_sync()
+    limit = args[_REM_CHUNK] if args[_REM_CHUNK] is not None else args[_REM_INPUT]
+    budget = sync.value(_prefill_budget(args[_RUNNING_BATCH], limit) if sync.leads else None)
+    if budget is None or budget >= limit:
+        return None
+    args = list(args)
+    args[_REM_INPUT] = min(args[_REM_INPUT], budget)
+    if args[_REM_CHUNK] is not None:
+        args[_REM_CHUNK] = budget
+    return tuple(args), kwargs
+
+
+def _prefill_budget(running_batch, limit: int) -> int | None:
+    """This iteration's prefill token budget, or None (no running request with an SLO clock)."""
+    from sgl_adaspec.speculative.sglang.runtime import now_s, runtime
+
+    reqs = getattr(running_batch, "reqs", None) or []
     tracked = [(r, r._adaspec_state) for r in reqs if getattr(r, "_adaspec_state", None)]
     # Requests found unable to meet their SLO even alone are served best effort: no say here.
     tracked = [(r, state) for r, state in tracked if not state.infeasible]
-    from sgl_adaspec.speculative.sglang.runtime import runtime
-
     plugin_state = runtime()
     profile = plugin_state.cost_profile if plugin_state is not None and tracked else None
     if profile is None:
         return None
     cost = marginal_ms_per_token(profile)
-    now = time.perf_counter()
+    now = now_s()
     running = [
         RunningSlo(
             tpot_slo_ms=state.slo.resolve_ms(state.stats.baseline_tpot_ms),
@@ -77,15 +99,7 @@ def bound_prefill(*args, **kwargs):
         )
         for req, state in tracked
     ]
-    limit = args[_REM_CHUNK] if args[_REM_CHUNK] is not None else args[_REM_INPUT]
-    budget = prefill_token_budget(running, cost, chunk_limit=limit)
-    if budget >= limit:
-        return None
-    args = list(args)
-    args[_REM_INPUT] = min(args[_REM_INPUT], budget)
-    if args[_REM_CHUNK] is not None:
-        args[_REM_CHUNK] = budget
-    return tuple(args), kwargs
+    return prefill_token_budget(running, cost, chunk_limit=limit)
 
 
 QUEUE_FULL = "The request queue is full."

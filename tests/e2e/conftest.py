@@ -9,9 +9,9 @@ import pytest
 from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 
-def start(tmp_path_factory, name: str, model: Path, *extra: str) -> Server:
+def start(tmp_path_factory, name: str, model: Path, *extra: str, env=None) -> Server:
     log = tmp_path_factory.mktemp(name) / "server.log"
-    return Server(model, extra_args=tuple(extra), log_path=log).start()
+    return Server(model, extra_args=tuple(extra), env=env or {}, log_path=log).start()
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +32,23 @@ def plain_server(models, tmp_path_factory):
     server = start(tmp_path_factory, "plain", models.target)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def random_pair_reference(plain_server):
+    """The mixed batch's greedy outputs on tiny-llama without speculation (`mixed_batch`)."""
+    from .mixed_batch import reference_outputs
+
+    return reference_outputs(plain_server)
+
+
+@pytest.fixture(scope="session")
+def bigram_pair_reference(models, tmp_path_factory):
+    """The mixed batch's greedy outputs on the bigram target without speculation."""
+    from .mixed_batch import reference_outputs
+
+    server = start(tmp_path_factory, "plain-bigram", models.bigram_target)
+    try:
+        return reference_outputs(server)
+    finally:
+        server.stop()

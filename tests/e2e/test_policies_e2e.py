@@ -9,22 +9,10 @@ what to verify decides how many tokens a request commits per iteration).
 
 from __future__ import annotations
 
-import concurrent.futures
-
 import pytest
-import requests
 
-from sgl_adaspec.local_server import client
-from sgl_adaspec.local_server.launch import eagle_flags
+from .mixed_batch import run_policy
 
-from .conftest import start
-
-PROMPTS = (
-    ("def fibonacci(n):", {"tpot_slo_ms": 5.0}),
-    ("import os\nimport sys\n\n", {"tpot_slo_ms": 5000.0}),
-    ("The quick brown fox", None),
-)
-MAX_NEW_TOKENS = 32
 POLICIES = (
     ("adaspec",),
     ("tetris", "--tetris-extra", "1"),
@@ -40,57 +28,6 @@ WITH_REJECTIONS = tuple(
     args if args[0] == "tetris" else pytest.param(args, marks=pytest.mark.slow)
     for args in POLICIES + VARIANTS
 )
-
-
-def generate(url: str, prompt: str, custom_params: dict | None = None, temperature: float = 0.0):
-    # Sampled requests ignore EOS: a random tiny model can draw it before MAX_NEW_TOKENS.
-    return client.generate(
-        url, prompt, MAX_NEW_TOKENS, custom_params, temperature, ignore_eos=temperature > 0
-    )
-
-
-def concurrent_outputs(url: str) -> list[list[int]]:
-    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        outputs = list(pool.map(lambda job: generate(url, *job), PROMPTS))
-    return [out["output_ids"] for out in outputs]
-
-
-def reference_outputs(server) -> list[list[int]]:
-    return [generate(server.url, prompt, None)["output_ids"] for prompt, _ in PROMPTS]
-
-
-def run_policy(tmp_path_factory, target, draft, policy_args) -> tuple[list, dict]:
-    flags = (
-        *eagle_flags(draft, steps=4, topk=2, num_draft_tokens=8),
-        "--spec-policy", *policy_args,
-    )  # fmt: skip
-    server = start(tmp_path_factory, f"policy-{'-'.join(policy_args)}", target, *flags)
-    try:
-        outputs = concurrent_outputs(server.url)
-        sampled = generate(server.url, PROMPTS[0][0], None, temperature=0.8)
-        assert sampled["meta_info"]["completion_tokens"] == MAX_NEW_TOKENS
-        # A short request of a named class, last: one that adaserve serves without speculation.
-        client.generate(server.url, "x = 1", 4, {"slo_class": "chat"}, 0.0)
-        info = requests.get(f"{server.url}/server_info", timeout=60).json()
-    finally:
-        server.stop()
-    # The adapter falls back to the full tree when a policy raises; that must not happen.
-    assert "policy decision failed" not in server.log_path.read_text()
-    return outputs, info["internal_states"][0]["adaspec"]
-
-
-@pytest.fixture(scope="module")
-def random_pair_reference(plain_server):
-    return reference_outputs(plain_server)
-
-
-@pytest.fixture(scope="module")
-def bigram_pair_reference(models, tmp_path_factory):
-    server = start(tmp_path_factory, "plain-bigram", models.bigram_target)
-    try:
-        return reference_outputs(server)
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("policy_args", WITH_REJECTIONS, ids=lambda args: "-".join(args))
@@ -124,7 +61,9 @@ def test_policy_is_lossless_and_commits_accepted_drafts(
 
 
 @pytest.mark.slow
-def test_faser_early_exit_is_lossless_and_prunes_rows(models, tmp_path_factory, random_pair_reference):
+def test_faser_early_exit_is_lossless_and_prunes_rows(
+    models, tmp_path_factory, random_pair_reference
+):
     # Test after layer 1 of 2 with K = half the vocabulary: on random models about half the
     # tested draft tokens exit (with their suffixes) and the rest run the last layer, so both
     # the pruning and the surviving rows' path are exercised on every iteration.

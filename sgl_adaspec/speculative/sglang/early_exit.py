@@ -168,7 +168,7 @@ def _test(model, run: ExitRun, stream: torch.Tensor) -> torch.Tensor:
 def plan_exit_run(worker, forward_batch, scope: Iteration) -> ExitRun | None:
     """The early exit of this verify pass, or None (not asked for, not worth it by eq. 10, or
     a setup the hook cannot split: logged once)."""
-    plan = scope.decision.early_exit
+    plan = scope.decision.early_exit if scope.decision is not None else None
     if plan is None:
         return None
     causal_lm = worker.model_runner.model

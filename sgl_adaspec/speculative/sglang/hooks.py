@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
 import torch
@@ -65,26 +64,31 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         with iteration_scope():
             return original(worker, batch, *args, **kwargs)
     num_requests = len(batch.reqs)
-    start = clock.cycle_start(time.perf_counter())
+    sync = runtime().tp_sync
+    start = clock.cycle_start(clock.now())
     with iteration_scope() as scope:
-        # slo_batch attaches the SLO clock of requests decoding for the first time.
-        scope.slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
-        scope.draft_shape = policy.draft_shape(
-            num_requests, worker.speculative_num_steps, worker.topk, scope.slo
-        )
+        if sync.leads:
+            # slo_batch attaches the SLO clock of requests decoding for the first time.
+            scope.slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
+            shape = policy.draft_shape(
+                num_requests, worker.speculative_num_steps, worker.topk, scope.slo
+            )
+        scope.draft_shape = tuple(sync.value(shape if sync.leads else None))
         scope.plain = scope.draft_shape[0] == 0
         if scope.plain:
             with plain_decode(worker):
-                verify_start = time.perf_counter()
+                verify_start = clock.now()
                 result = original(worker, batch, *args, **kwargs)
-                scope.verify_ms = 1000 * (time.perf_counter() - verify_start)
+                scope.verify_ms = 1000 * (clock.now() - verify_start)
                 scope.accepted = result.accept_lens
         else:
             if not runtime().draft_tiers:
                 scope.draft_shape = None
             result = original(worker, batch, *args, **kwargs)
-    end = time.perf_counter()
+    end = clock.now()
     clock.last_decode_end_s = end
+    if not sync.leads:
+        return result  # rank 0 observes for the group
     iteration_ms = 1000 * (end - start)
     if scope.plain:
         policy.stats.observe_plain(num_requests)
@@ -171,27 +175,27 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     # The draft tree's parent links, walked once: the candidates, the pruning and the early
     # exit all read them (pruning only unlinks nodes, so kept nodes keep these parents).
     scope.parents = verify_tree_parents(verify_input)
-    try:
-        it = iteration_input(worker, batch, policy, scope)
-        decision = policy.decide(it)
-        for req, hopeless in zip(batch.reqs, decision.infeasible.tolist()):
-            req._adaspec_state.infeasible |= hopeless
-    except Exception:  # the policy must never take the server down: verify the full tree
-        logger.exception("sgl_adaspec: policy decision failed; verifying the full tree")
+    sync = runtime().tp_sync
+    shape = (len(batch.reqs), verify_input.draft_token_num)
+    it = decision = keep = None
+    if sync.leads:
+        it, decision = _decide(worker, batch, policy, scope)
+        keep = torch.ones(shape, dtype=torch.bool, device=scope.path_prob.device)
+        if decision is not None:
+            keep[:, 1:] = decision.selection.mask
+    keep = sync.mask(keep, shape, scope.path_prob.device)
+    if decision is None and sync.leads:  # the full tree, as every rank got it
         return original(worker, batch, *args, **kwargs)
-    selection = decision.selection
-    keep = torch.ones(
-        (it.cands.num_requests, it.cands.num_nodes + 1),
-        dtype=torch.bool,
-        device=it.cands.tokens.device,
-    )
-    keep[:, 1:] = selection.mask
     prune_tree(verify_input, keep, scope.parents)
     scope.policy_input, scope.decision, scope.keep = it, decision, keep
-    start = time.perf_counter()
+    clock = runtime().clock
+    start = clock.now()
     result = original(worker, batch, *args, **kwargs)
-    scope.verify_ms = 1000 * (time.perf_counter() - start)
+    scope.verify_ms = 1000 * (clock.now() - start)
+    if decision is None:
+        return result  # a follower: rank 0 observes for the group
     scope.accepted = result.accept_lens
+    selection = decision.selection
     scope.deepest_accepted = deepest_accepted(
         it.cands, selection.mask, result.next_token_ids, result.accept_lens,
         verify_input.draft_token_num,
@@ -202,6 +206,20 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         info[VERIFIED_TOKENS_KEY] = (selection.counts + 1).tolist()
         logits_output.customized_info = info
     return result
+
+
+def _decide(worker, batch, policy: PolicyBase, scope: Iteration):
+    """The policy's input and decision, or (None, None) if the policy raised: the full tree is
+    then verified, because the policy must never take the server down."""
+    try:
+        it = iteration_input(worker, batch, policy, scope)
+        decision = policy.decide(it)
+        for req, hopeless in zip(batch.reqs, decision.infeasible.tolist()):
+            req._adaspec_state.infeasible |= hopeless
+    except Exception:
+        logger.exception("sgl_adaspec: policy decision failed; verifying the full tree")
+        return None, None
+    return it, decision
 
 
 def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> IterationInput:
@@ -240,7 +258,7 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
         return original(worker, batch, forward_batch, *args, **kwargs)
     spec_info = forward_batch.spec_info
     if not _backend_runs_ragged_verify(worker):
-        if scope.decision.early_exit is not None:
+        if scope.decision is not None and scope.decision.early_exit is not None:
             warn_once(
                 "sgl_adaspec: faser early exit runs on the plugin's torch attention backend "
                 "(the CPU recipe) only; verifying in full"

@@ -5,7 +5,6 @@ request's report to the statistics."""
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +13,7 @@ from sgl_adaspec.scheduler.request_slo import RequestSlo
 from sgl_adaspec.scheduler.sglang_adapter import request_slo
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.policies.base import PolicyBase
+from sgl_adaspec.speculative.sglang.runtime import now_s
 
 
 @dataclass
@@ -43,7 +43,7 @@ def track_requests(reqs, policy: PolicyBase) -> None:
     """Attach SLO bookkeeping to requests decoding for the first time, in every decode
     iteration, speculative or plain: a request's clock starts at its first decode iteration,
     and one served without speculation still reports its TPOT when it finishes."""
-    now = time.perf_counter()
+    now = now_s()
     for req in reqs:
         if getattr(req, "_adaspec_state", None) is None:
             req._adaspec_state = RequestState(request_slo(req), now, len(req.output_ids), policy)
@@ -53,7 +53,7 @@ def slo_batch(reqs, policy: PolicyBase, baseline_tpot_ms: float | None) -> SloBa
     """The running requests' SLO state (see `track_requests`). Classes relative to the
     baseline TPOT resolve with `baseline_tpot_ms` (best effort while it is unknown)."""
     track_requests(reqs, policy)
-    now = time.perf_counter()
+    now = now_s()
     tpot, elapsed, tokens = [], [], []
     for req in reqs:
         state = req._adaspec_state
@@ -75,7 +75,7 @@ def request_finished(_result, req, *args, **kwargs) -> None:
         return
     state.reported = True
     state.policy.forget(req.rid)
-    tpot_ms = state.tpot_ms(len(req.output_ids), time.perf_counter())
+    tpot_ms = state.tpot_ms(len(req.output_ids), now_s())
     if tpot_ms is not None:
         target_ms = state.slo.resolve_ms(state.stats.baseline_tpot_ms)
         state.stats.observe_finished(state.slo.slo_class, tpot_ms, target_ms, state.infeasible)

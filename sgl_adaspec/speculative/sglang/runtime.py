@@ -12,6 +12,7 @@ from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, knee_budget
 from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.base import PolicyBase
+from sgl_adaspec.speculative.sglang.tp_sync import TpSync, clock_rate, tp_sync_of_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,12 @@ class LoopClock:
     iterations must see it."""
 
     last_decode_end_s: float | None = None
+    # 1.0 but in the test of ranks whose clocks disagree (`tp_sync.CLOCK_RATES_ENV`).
+    rate: float = 1.0
+
+    def now(self) -> float:
+        """The plugin's clock in seconds: every duration it measures is read here."""
+        return self.rate * time.perf_counter()
 
     def cycle_start(self, forward_start_s: float) -> float:
         """Where the iteration starting its forward at `forward_start_s` began."""
@@ -36,13 +43,15 @@ class LoopClock:
 class Runtime:
     """The plugin's state in one scheduler process, built once when the scheduler starts
     (`scheduler_started`): the parsed flags, the policy (None for `static` or without an EAGLE
-    v2 worker), the verify cost profile it was seeded with, and whether draft tiers run."""
+    v2 worker), the verify cost profile it was seeded with, whether draft tiers run, and the
+    TP group whose rank 0 decides for all (`tp_sync`)."""
 
     config: AdaspecConfig
     policy: PolicyBase | None = None
     cost_profile: VerifyCostProfile | None = None
     draft_tiers: bool = False
     clock: LoopClock = field(default_factory=LoopClock)
+    tp_sync: TpSync = field(default_factory=TpSync)
 
 
 _RUNTIME: Runtime | None = None
@@ -53,10 +62,14 @@ def runtime() -> Runtime | None:
     return _RUNTIME
 
 
-def build_runtime(config: AdaspecConfig, draft_worker) -> Runtime:
-    """The policy, seeded with the verify cost profile measured on `draft_worker`'s target."""
+def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = None) -> Runtime:
+    """The policy, seeded with the verify cost profile measured on `draft_worker`'s target.
+    Every rank of a TP group builds it (the profile's forward passes are collective), but only
+    rank 0's decides and reports (`tp_sync`)."""
+    sync = sync if sync is not None else TpSync()
+    clock = LoopClock(rate=clock_rate(sync))
     if config.spec_policy == "static" or draft_worker is None:
-        return Runtime(config)
+        return Runtime(config, clock=clock, tp_sync=sync)
     # Every policy gets the verify cost profile: it seeds the latency model they plan with,
     # and adaserve's knee rule takes its budget there unless --adaserve-budget is set.
     profile = profile_verify_cost(draft_worker)
@@ -68,7 +81,7 @@ def build_runtime(config: AdaspecConfig, draft_worker) -> Runtime:
             [((tokens, 0), ms) for tokens, ms in zip(profile.tokens, profile.latency_ms)]
         )
     policy.stats.cost_profile = profile.as_dict() if profile is not None else None
-    if metrics_enabled():
+    if metrics_enabled() and sync.leads:
         from sgl_adaspec.scheduler.request_slo import BEST_EFFORT
 
         classes = (*config.load_slo_config().classes, BEST_EFFORT)
@@ -79,7 +92,12 @@ def build_runtime(config: AdaspecConfig, draft_worker) -> Runtime:
         getattr(policy, "config", policy),
         policy.stats.cost_profile or "not available",
     )
-    return Runtime(config, policy, profile, config.draft_tiers == "on")
+    if sync.size > 1:
+        logger.info(
+            "sgl_adaspec: TP rank %d of %d: %s", sync.rank, sync.size,
+            "decides for the group" if sync.leads else "follows rank 0's decisions",
+        )  # fmt: skip
+    return Runtime(config, policy, profile, config.draft_tiers == "on", clock, sync)
 
 
 def profile_verify_cost(worker, repeats: int = 3) -> VerifyCostProfile | None:
@@ -121,7 +139,17 @@ def scheduler_started(_result, scheduler, *args, **kwargs) -> None:
     draft_worker = getattr(scheduler, "draft_worker", None)
     if draft_worker is None or not hasattr(draft_worker, "target_worker"):
         draft_worker = None
-    _RUNTIME = build_runtime(config, draft_worker)
+    _RUNTIME = build_runtime(config, draft_worker, tp_sync_of_scheduler())
+
+
+def now_s() -> float:
+    """The plugin's clock (`LoopClock.now`), also before the runtime is built."""
+    return _RUNTIME.clock.now() if _RUNTIME is not None else time.perf_counter()
+
+
+def tp_sync() -> TpSync:
+    """This scheduler's TP group (a one-rank `TpSync` before the runtime is built)."""
+    return _RUNTIME.tp_sync if _RUNTIME is not None else TpSync()
 
 
 def current_policy() -> PolicyBase | None:
