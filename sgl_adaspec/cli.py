@@ -16,6 +16,7 @@ from typing import Any
 
 from sgl_adaspec.config import AdaspecConfig, ConfigError
 from sgl_adaspec.flags import add_flags, dest, flag_fields
+from sgl_adaspec.scheduler.dp_adapter import prepare_state_dir
 from sgl_adaspec.speculative.policies import POLICIES, TREE_ALGORITHMS, get_policy_spec
 
 EXIT_BAD_FLAGS = 2
@@ -63,10 +64,29 @@ def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
             f"--faser-early-exit needs --tp 1 (got --tp {tp_size}): the early-exit test reads "
             f"the whole lm_head; drop --faser-early-exit to run faser with tensor parallelism"
         )
+    check_slo_dispatch(config, server_args)
     steps = getattr(server_args, "speculative_num_steps", None)
     check_steps = getattr(config.policy_config, "check_steps", None)
     if steps is not None and check_steps is not None:
         check_steps(steps)  # the policy's own flags against the draft's depth
+
+
+def check_slo_dispatch(config: AdaspecConfig, server_args: Any) -> None:
+    if config.slo_dispatch != "on":
+        return
+    dp_size = getattr(server_args, "dp_size", 1) or 1
+    if dp_size < 2:
+        raise ConfigError(f"--slo-dispatch on needs --dp 2 or more (got --dp {dp_size})")
+    if getattr(server_args, "enable_dp_attention", False):
+        raise ConfigError(
+            "--slo-dispatch on dispatches to separate replicas; it does not run with "
+            "--enable-dp-attention"
+        )
+    if config.spec_policy == "static":
+        raise ConfigError(
+            "--slo-dispatch on reads the replicas' SLO state, which --spec-policy static does "
+            "not keep; choose another --spec-policy"
+        )
 
 
 def _policy_config_classes():
@@ -87,4 +107,5 @@ def from_cli_args(original, cls, args: argparse.Namespace):
         print(f"sgl_adaspec: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_BAD_FLAGS)
     config.export()
+    prepare_state_dir(config)
     return server_args

@@ -104,6 +104,13 @@ class AdaspecConfig:
         metavar="MS",
         check=_check_positive,
     )
+    slo_dispatch: str = flag(
+        "off",
+        "With --dp N: on sends each request to the replica where its TPOT SLO is most likely "
+        "met without costing the requests there theirs, from each replica's SLO state and "
+        "latency model; off leaves it to SGLang's --load-balance-method (default: %(default)s).",
+        choices=("off", "on"),
+    )
     # The chosen policy's config dataclass, holding its flags (None: its defaults; always None
     # for a policy without one, `static`). Only its flag fields travel in ADASPEC_CONFIG.
     policy_config: Any = field(default=None)

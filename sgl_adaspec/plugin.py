@@ -16,6 +16,7 @@ def register() -> None:
 
     from sgl_adaspec import cli
     from sgl_adaspec.platform.cpu import hooks as cpu_hooks
+    from sgl_adaspec.scheduler import dp_adapter
     from sgl_adaspec.scheduler import sglang_adapter as scheduler_adapter
     from sgl_adaspec.speculative.sglang import hooks as spec_hooks
 
@@ -30,6 +31,7 @@ def register() -> None:
     cpu_hooks.register(HookRegistry, HookType)
     spec_hooks.register(HookRegistry, HookType)
     scheduler_adapter.register(HookRegistry, HookType)
+    dp_adapter.register(HookRegistry, HookType)
 
 
 def _validate_request_slo(_result, sampling_params, *args, **kwargs) -> None:

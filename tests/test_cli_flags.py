@@ -54,6 +54,12 @@ BAD_FLAGS = [
         (["--spec-policy", "faser", "--faser-lengths", "2,x"], "--faser-lengths must be"),
         (["--spec-policy", "tetris", "--tetris-extra", "-1"], "--tetris-extra must be >= 0"),
         (["--draft-tiers", "maybe"], "--draft-tiers must be on or off, got 'maybe'"),
+        (["--slo-dispatch", "maybe"], "--slo-dispatch must be off or on, got 'maybe'"),
+        (
+            [*EAGLE_TREE, "--spec-policy", "adaserve", "--slo-dispatch", "on"],
+            "--slo-dispatch on needs --dp 2 or more (got --dp 1)",
+        ),
+        (["--dp", "2", "--slo-dispatch", "on"], "which --spec-policy static does not keep"),
         (
             ["--adaserve-draft-tokens-per-step", "0"],
             "--adaserve-draft-tokens-per-step must be >= 1, got 0",

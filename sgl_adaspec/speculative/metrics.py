@@ -21,83 +21,97 @@ def metrics_enabled() -> bool:
 class PrometheusSink:
     """Mirrors `SpecStats.observe_*` calls into Prometheus series (labels: slo_class). The
     per-class counters of `slo_classes` exist from the start, at 0: a rate over a window needs a
-    series before a class's first request, and attainment needs "met" before its first met SLO."""
+    series before a class's first request, and attainment needs "met" before its first met SLO.
+    With `--dp N` (`dp_rank` given) every series also carries `dp_rank`, as SGLang's own do:
+    one series per replica, their sum the server's total."""
 
-    def __init__(self, slo_classes: tuple[str, ...] = ()) -> None:
+    def __init__(self, slo_classes: tuple[str, ...] = (), dp_rank: int | None = None) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
+        self._rank = () if dp_rank is None else (str(dp_rank),)
+        rank = [] if dp_rank is None else ["dp_rank"]
         self.finished = Counter(
-            f"{PREFIX}requests_finished", "Finished requests per SLO class", ["slo_class"]
+            f"{PREFIX}requests_finished", "Finished requests per SLO class", [*rank, "slo_class"]
         )
         self.met = Counter(
-            f"{PREFIX}requests_slo_met", "Finished requests that met their TPOT SLO", ["slo_class"]
-        )
+            f"{PREFIX}requests_slo_met", "Finished requests that met their TPOT SLO",
+            [*rank, "slo_class"],
+        )  # fmt: skip
         self.tpot = Histogram(
-            f"{PREFIX}request_tpot_ms", "Mean TPOT of finished requests (ms)", ["slo_class"],
+            f"{PREFIX}request_tpot_ms", "Mean TPOT of finished requests (ms)", [*rank, "slo_class"],
             buckets=TPOT_BUCKETS_MS,
         )  # fmt: skip
         self.verified = Histogram(
             f"{PREFIX}verified_tokens_per_iteration",
             "Tokens sent to the target per speculative iteration (roots included)",
-            buckets=TOKEN_BUCKETS,
-        )
+            rank, buckets=TOKEN_BUCKETS,
+        )  # fmt: skip
         self.accepted = Counter(
-            f"{PREFIX}accepted_tokens", "Tokens committed by verification (bonus included)"
+            f"{PREFIX}accepted_tokens", "Tokens committed by verification (bonus included)", rank
         )
         self.verifies = Counter(
-            f"{PREFIX}request_verifies", "Request verifications (one per request per iteration)"
-        )
+            f"{PREFIX}request_verifies", "Request verifications (one per request per iteration)",
+            rank,
+        )  # fmt: skip
         self.draft_rows = Counter(
-            f"{PREFIX}draft_rows", "Rows of the draft's decode forwards (steps - 1) * requests * width"
-        )
+            f"{PREFIX}draft_rows", "Rows of the draft's decode forwards (steps - 1) * requests * width",
+            rank,
+        )  # fmt: skip
         self.exited = Counter(
             f"{PREFIX}early_exit_tokens",
             "Draft tokens that left the verify pass early (token-wise early exit)",
+            rank,
         )
         self.draft_accepted = Counter(
             f"{PREFIX}draft_tokens_accepted",
             "Accepted draft tokens (bonus excluded): predicted by the draft's raw path "
             "probabilities, by the calibrated ones, and observed",
-            ["kind"],
+            [*rank, "kind"],
         )
         self.plain = Counter(
             f"{PREFIX}plain_iterations",
             "Iterations run without speculation because no tree was worth its cost",
+            rank,
         )
         self.shape = Gauge(
             f"{PREFIX}iteration_shape",
             "Last iteration's budget B, depth d and width w, and the shape the draft ran",
-            ["parameter"], multiprocess_mode="mostrecent",
+            [*rank, "parameter"], multiprocess_mode="mostrecent",
         )  # fmt: skip
         for slo_class in slo_classes:
-            self.finished.labels(slo_class)
-            self.met.labels(slo_class)
+            self._of(self.finished, slo_class)
+            self._of(self.met, slo_class)
+
+    def _of(self, metric, *labels: str):
+        """The series of `metric` with these labels after this replica's `dp_rank`, if any."""
+        values = (*self._rank, *labels)
+        return metric.labels(*values) if values else metric
 
     def observe_iteration(self, verified, accepted, budget, depth, width) -> None:
-        self.verified.observe(sum(verified))
-        self.accepted.inc(sum(accepted))
-        self.verifies.inc(len(verified))
+        self._of(self.verified).observe(sum(verified))
+        self._of(self.accepted).inc(sum(accepted))
+        self._of(self.verifies).inc(len(verified))
         for name, value in (("budget", budget), ("depth", depth), ("width", width)):
-            self.shape.labels(name).set(value)
+            self._of(self.shape, name).set(value)
 
     def observe_draft(self, depth, width, rows) -> None:
-        self.draft_rows.inc(rows)
+        self._of(self.draft_rows).inc(rows)
         for name, value in (("draft_depth", depth), ("draft_width", width)):
-            self.shape.labels(name).set(value)
+            self._of(self.shape, name).set(value)
 
     def observe_calibration(self, raw, calibrated, observed) -> None:
         for kind, value in (("predicted", raw), ("calibrated", calibrated), ("observed", observed)):
-            self.draft_accepted.labels(kind).inc(max(value, 0.0))
+            self._of(self.draft_accepted, kind).inc(max(value, 0.0))
 
     def observe_plain(self, num_requests) -> None:
-        self.plain.inc()
+        self._of(self.plain).inc()
 
     def observe_early_exit(self, tested, exited) -> None:
-        self.exited.inc(exited)
+        self._of(self.exited).inc(exited)
 
     def observe_finished(self, slo_class: str, tpot_ms: float, met: bool) -> None:
-        self.finished.labels(slo_class).inc()
-        met_counter = self.met.labels(slo_class)  # at 0 until the class first meets its SLO
+        self._of(self.finished, slo_class).inc()
+        met_counter = self._of(self.met, slo_class)  # at 0 until the class first meets its SLO
         if met:
             met_counter.inc()
-        self.tpot.labels(slo_class).observe(tpot_ms)
+        self._of(self.tpot, slo_class).observe(tpot_ms)

@@ -31,6 +31,7 @@ from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteratio
 from sgl_adaspec.speculative.sglang.runtime import (
     add_internal_state,
     current_policy,
+    report_to_dispatcher,
     runtime,
     scheduler_started,
     warn_once,
@@ -97,6 +98,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         policy.stats.observe_draft(depth, width, (depth - 1) * num_requests * width)
     if scope.verify_ms is not None:
         policy.observe(_outcome(batch, scope, iteration_ms))
+    report_to_dispatcher(policy)
     return result
 
 

@@ -13,7 +13,7 @@ from sgl_adaspec.scheduler.request_slo import RequestSlo
 from sgl_adaspec.scheduler.sglang_adapter import request_slo
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.policies.base import PolicyBase
-from sgl_adaspec.speculative.sglang.runtime import now_s
+from sgl_adaspec.speculative.sglang.runtime import now_s, report_to_dispatcher, runtime
 
 
 @dataclass
@@ -44,9 +44,13 @@ def track_requests(reqs, policy: PolicyBase) -> None:
     iteration, speculative or plain: a request's clock starts at its first decode iteration,
     and one served without speculation still reports its TPOT when it finishes."""
     now = now_s()
+    reporter = runtime().reporter if runtime() is not None else None
     for req in reqs:
         if getattr(req, "_adaspec_state", None) is None:
-            req._adaspec_state = RequestState(request_slo(req), now, len(req.output_ids), policy)
+            slo = request_slo(req)
+            req._adaspec_state = RequestState(slo, now, len(req.output_ids), policy)
+            if reporter is not None:
+                reporter.track(req.rid, slo.resolve_ms(policy.baseline_tpot_ms()))
 
 
 def slo_batch(reqs, policy: PolicyBase, baseline_tpot_ms: float | None) -> SloBatch:
@@ -75,6 +79,10 @@ def request_finished(_result, req, *args, **kwargs) -> None:
         return
     state.reported = True
     state.policy.forget(req.rid)
+    reporter = runtime().reporter if runtime() is not None else None
+    if reporter is not None:
+        reporter.finish(req.rid)
+        report_to_dispatcher(state.policy)
     tpot_ms = state.tpot_ms(len(req.output_ids), now_s())
     if tpot_ms is not None:
         target_ms = state.slo.resolve_ms(state.stats.baseline_tpot_ms)

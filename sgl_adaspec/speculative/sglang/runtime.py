@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, knee_budget
+from sgl_adaspec.scheduler.dp_adapter import ReplicaReporter, reporter_of_scheduler
 from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.base import PolicyBase
@@ -52,6 +53,8 @@ class Runtime:
     draft_tiers: bool = False
     clock: LoopClock = field(default_factory=LoopClock)
     tp_sync: TpSync = field(default_factory=TpSync)
+    # This replica's SLO report to the DP controller (`--slo-dispatch on`, TP rank 0 only).
+    reporter: ReplicaReporter | None = None
 
 
 _RUNTIME: Runtime | None = None
@@ -85,7 +88,9 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
         from sgl_adaspec.scheduler.request_slo import BEST_EFFORT
 
         classes = (*config.load_slo_config().classes, BEST_EFFORT)
-        policy.stats.sinks.append(PrometheusSink(classes))
+        from sglang.srt.runtime_context import get_parallel
+
+        policy.stats.sinks.append(PrometheusSink(classes, get_parallel().dp_rank))
     logger.info(
         "sgl_adaspec: %s policy: %s; verify cost profile %s",
         config.spec_policy,
@@ -97,7 +102,8 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
             "sgl_adaspec: TP rank %d of %d: %s", sync.rank, sync.size,
             "decides for the group" if sync.leads else "follows rank 0's decisions",
         )  # fmt: skip
-    return Runtime(config, policy, profile, config.draft_tiers == "on", clock, sync)
+    reporter = reporter_of_scheduler(config, sync.leads)
+    return Runtime(config, policy, profile, config.draft_tiers == "on", clock, sync, reporter)
 
 
 def profile_verify_cost(worker, repeats: int = 3) -> VerifyCostProfile | None:
@@ -150,6 +156,17 @@ def now_s() -> float:
 def tp_sync() -> TpSync:
     """This scheduler's TP group (a one-rank `TpSync` before the runtime is built)."""
     return _RUNTIME.tp_sync if _RUNTIME is not None else TpSync()
+
+
+def report_to_dispatcher(policy: PolicyBase) -> None:
+    """Rewrite this replica's SLO report if it is due (`dp_adapter.ReplicaReporter`)."""
+    reporter = _RUNTIME.reporter if _RUNTIME is not None else None
+    if reporter is None:
+        return
+    try:
+        reporter.maybe_write(policy, time.perf_counter())
+    except Exception:  # the dispatcher then works from older reports: never stop serving
+        logger.exception("sgl_adaspec: writing the replica's SLO report failed")
 
 
 def current_policy() -> PolicyBase | None:

@@ -1,0 +1,77 @@
+"""SLO-aware dispatch across data-parallel replicas (`--slo-dispatch on`): which replica a new
+request goes to. Pure logic; the SGLang adapter is `dp_adapter.py`.
+
+A replica's TPOT grows with the requests it serves. A new request is best placed where its own
+TPOT SLO holds with it added, and where the requests already there keep theirs. So the rule
+scores each replica by its margin: the tightest TPOT SLO that would be in force there (the new
+request's and those of the requests already there), less the replica's per-token time with
+one more request.
+- A request with an SLO goes to the replica with the largest margin.
+- A best-effort request has no SLO of its own. It goes to the fastest replica whose requests
+  keep their SLOs with it added (margin >= 0). If there is none, it goes where it does the
+  least harm (the largest margin). So the replicas that hold tight requests stay light, and
+  best-effort requests do not pile up on one replica.
+- Ties go to the faster replica, then to the one with fewer requests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """One replica as the dispatcher sees it:
+    - requests: requests in flight there (running and waiting);
+    - slos_ms: the TPOT SLOs (ms per token) of those that have one and can still meet it;
+    - tpot_ms_by_requests: its per-token time with k + 1 requests at index k (the replica's
+      own latency model); empty while unknown."""
+
+    requests: int
+    slos_ms: tuple[float, ...] = ()
+    tpot_ms_by_requests: tuple[float, ...] = ()
+
+    def tpot_ms(self, requests: int) -> float | None:
+        """Per-token time with `requests` requests (the last point past the curve's end)."""
+        curve = self.tpot_ms_by_requests
+        if not curve or requests < 1:
+            return None
+        return curve[min(requests, len(curve)) - 1]
+
+    def admit(self, slo_ms: float | None) -> ReplicaLoad:
+        """This replica with one more request of that SLO: the dispatcher's own count until
+        the replica's next report."""
+        slos = self.slos_ms if slo_ms is None else (*self.slos_ms, slo_ms)
+        return ReplicaLoad(self.requests + 1, slos, self.tpot_ms_by_requests)
+
+
+def margin_ms(replica: ReplicaLoad, slo_ms: float | None) -> float | None:
+    """The tightest TPOT SLO in force on `replica` with the new request added, less its
+    per-token time then (inf where no SLO is in force; None: the time is unknown)."""
+    tpot = replica.tpot_ms(replica.requests + 1)
+    if tpot is None:
+        return None
+    slos = replica.slos_ms if slo_ms is None else (*replica.slos_ms, slo_ms)
+    return (min(slos) if slos else math.inf) - tpot
+
+
+def choose_replica(replicas: Sequence[ReplicaLoad], slo_ms: float | None) -> int:
+    """Index of the replica for a new request with TPOT SLO `slo_ms` (None: best effort).
+    Without every replica's per-token time it falls back to the fewest requests in flight."""
+    if not replicas:
+        raise ValueError("no replica to dispatch to")
+    margins = [margin_ms(replica, slo_ms) for replica in replicas]
+    if any(margin is None for margin in margins):
+        return min(range(len(replicas)), key=lambda i: replicas[i].requests)
+
+    def speed(i: int) -> tuple[float, int]:
+        return replicas[i].tpot_ms(replicas[i].requests + 1), replicas[i].requests
+
+    candidates = range(len(replicas))
+    if slo_ms is None:
+        harmless = [i for i in candidates if margins[i] >= 0]
+        if harmless:
+            return min(harmless, key=speed)
+    return min(candidates, key=lambda i: (-margins[i], *speed(i)))

@@ -1,0 +1,57 @@
+"""Two data-parallel replicas (`--dp 2`, real SGLang on CPU) behind SGLang's DP controller with
+the plugin's SLO-aware dispatch (`--slo-dispatch on`): the config reaches both replicas'
+schedulers, a mixed-SLO burst is answered in full with greedy outputs token-identical to one
+server without speculation, and `/server_info` and Prometheus report per replica."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import requests
+
+from sgl_adaspec.local_server.launch import eagle_flags
+
+from .conftest import start
+from .mixed_batch import PROMPTS, generate
+from .test_tensor_parallel_e2e import TP2_ENV, metric_values
+
+BURST = PROMPTS * 3
+
+
+def test_two_replicas_dispatched_by_slo(models, tmp_path_factory, bigram_pair_reference):
+    server = start(
+        tmp_path_factory, "dp2-slo", models.bigram_target,
+        *eagle_flags(models.bigram_eagle_draft, steps=4, topk=2, num_draft_tokens=8),
+        "--dp", "2", "--spec-policy", "adaserve", "--slo-dispatch", "on", "--enable-metrics",
+        env=TP2_ENV,  # one OpenMP thread per replica, each on its own core
+    )  # fmt: skip
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(BURST)) as pool:
+            outputs = list(pool.map(lambda job: generate(server.url, *job), BURST))
+        info = requests.get(f"{server.url}/server_info", timeout=60).json()
+        metrics = metric_values(requests.get(f"{server.url}/metrics", timeout=60).text)
+    finally:
+        server.stop()
+    assert [out["output_ids"] for out in outputs] == bigram_pair_reference * 3
+    log = server.log_path.read_text()
+    assert "sgl_adaspec: DP dispatch by SLO across 2 replicas" in log
+    assert "Traceback" not in log
+
+    states = [state["adaspec"] for state in info["internal_states"]]
+    assert len(states) == 2 and all(s["spec_policy"] == "adaserve" for s in states)
+    finished = [{name: c["finished"] for name, c in s["stats"]["classes"].items()} for s in states]
+    # Six custom-SLO requests, each counted once, on either replica; best effort: three and
+    # the start-up warm-up requests.
+    assert sum(f.get("custom", 0) for f in finished) == 6
+    assert sum(f.get("best_effort", 0) for f in finished) >= 3
+    assert all(sum(f.values()) > 0 for f in finished), finished  # both replicas served
+    # Prometheus: one series per replica (internal_states come in no set order).
+    for slo_class in ("custom", "best_effort"):
+        series = [
+            metrics.get(
+                f'sglang_adaspec:requests_finished_total{{dp_rank="{rank}",slo_class="{slo_class}"}}',
+                0.0,
+            )
+            for rank in (0, 1)
+        ]
+        assert sorted(series) == sorted(f.get(slo_class, 0) for f in finished)
