@@ -232,9 +232,35 @@ def controller_started(_result, controller, *args, **kwargs) -> None:
     logger.info("sgl_adaspec: DP dispatch by SLO across %d replicas", len(controller.workers))
 
 
+# With --sleep-on-idle the controller wakes at least this often to feed its watchdog.
+IDLE_WAKE_MS = 1000
+
+
+def controller_event_loop(original, controller) -> None:
+    """AROUND `DataParallelController.event_loop`: with `--sleep-on-idle`, wait on the
+    tokenizer's socket instead of polling it. SGLang's loop polls without pause and keeps a
+    core busy while the server is idle (80 % of one here), which `--sleep-on-idle` asks not to."""
+    from sglang.srt.runtime_context import get_device
+
+    if not get_device().sleep_on_idle:
+        return original(controller)
+    import zmq
+    from sglang.srt.managers.data_parallel_controller import sock_recv
+
+    poller = zmq.Poller()
+    poller.register(controller.recv_from_tokenizer, zmq.POLLIN)
+    while True:
+        controller.soft_watchdog.feed()
+        poller.poll(IDLE_WAKE_MS)
+        while True:
+            try:
+                request = sock_recv(controller.recv_from_tokenizer, flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                break
+            controller._request_dispatcher(request)
+
+
 def register(registry, hook_type) -> None:
-    registry.register(
-        "sglang.srt.managers.data_parallel_controller.DataParallelController.__init__",
-        controller_started,
-        hook_type.AFTER,
-    )
+    controller = "sglang.srt.managers.data_parallel_controller.DataParallelController"
+    registry.register(f"{controller}.__init__", controller_started, hook_type.AFTER)
+    registry.register(f"{controller}.event_loop", controller_event_loop, hook_type.AROUND)

@@ -17,7 +17,7 @@ from sgl_adaspec.sim.experiments import SweepConfig, rps_sweep_main
 from sgl_adaspec.sim.latency import PRESETS
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES
 
-EXPERIMENTS = ("rps-sweep", "adaserve-grid", "trace")
+EXPERIMENTS = ("rps-sweep", "adaserve-grid", "trace", "dp-dispatch")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -57,6 +57,9 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
         type=float,
         help="trace experiment: every baseline-relative SLO at this multiple of the baseline",
     )
+    parser.add_argument(
+        "--replicas", type=int, help="dp-dispatch experiment: data-parallel replicas (rates per replica)"
+    )
     args = vars(parser.parse_args(argv))
     experiment = args.pop("experiment")
     given = {k: v for k, v in args.items() if v is not None}
@@ -82,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
             print("error: --experiment trace needs --trace PATH", file=sys.stderr)
             return 2
         trace_main(config)
+    elif experiment == "dp-dispatch":
+        from sgl_adaspec.sim.replicas import dp_dispatch_main
+
+        if config.policies == SweepConfig().policies:
+            config = dataclasses.replace(config, policies=("adaserve",))
+        dp_dispatch_main(config)
     return 0
 
 

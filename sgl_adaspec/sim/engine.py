@@ -21,7 +21,9 @@ before the first decode iteration count toward TTFT only.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -102,57 +104,129 @@ def simulate(
     record_iterations: bool = False,
 ) -> SimResult:
     """Serve every request of `workload` to completion under `policy`; deterministic in `seed`."""
-    rng = np.random.default_rng(seed)
+    return simulate_replicas(
+        workload, latency, acceptance, [policy], None, seed, config, record_iterations
+    )
+
+
+# dispatch(instances, request) -> index of the instance that serves the request.
+Dispatch = Callable[[list["Instance"], int], int]
+
+
+def simulate_replicas(
+    workload: WorkloadArrays,
+    latency: LatencyModel,
+    acceptance: AcceptanceModel,
+    policies: list[SimPolicy],
+    dispatch: Dispatch | None,
+    seed: int,
+    config: EngineConfig = EngineConfig(),
+    record_iterations: bool = False,
+) -> SimResult:
+    """Serve `workload` on one instance per policy (data-parallel replicas, each its own
+    clock), each arrival sent where `dispatch` says (one instance: `dispatch` unused). The
+    result pools every instance's requests and totals; deterministic in `seed` (instance 0
+    draws as a lone instance does)."""
     num = workload.num_requests
-    alpha_by_class, beta_by_class = acceptance.class_params(list(workload.class_names))
-    alpha = alpha_by_class[workload.class_index]
-    beta = beta_by_class[workload.class_index]
-    prompt = workload.prompt_tokens
-    tokens = np.zeros(num, dtype=np.int64)  # committed so far (prefill token included)
     result = SimResult(
-        policy.name,
+        policies[0].name,
         workload,
         first_token_s=np.full(num, np.nan),
         decode_start_s=np.full(num, np.nan),
         finish_s=np.full(num, np.nan),
-        committed=tokens,
+        committed=np.zeros(num, dtype=np.int64),  # committed so far (prefill token included)
         finished_count=np.zeros(num, dtype=np.int64),
         log=IterationLog() if record_iterations else None,
     )
-    waiting: deque[int] = deque()
-    running = np.empty(0, dtype=np.int64)
-    next_arrival, done, now = 0, 0, 0.0
+    alpha_by_class, beta_by_class = acceptance.class_params(list(workload.class_names))
+    instance = partial(
+        Instance, workload=workload, latency=latency, acceptance=acceptance, config=config,
+        result=result, alpha=alpha_by_class[workload.class_index],
+        beta=beta_by_class[workload.class_index],
+    )  # fmt: skip
+    instances = [
+        instance(policy=policy, rng=np.random.default_rng(seed if k == 0 else [seed, k]))
+        for k, policy in enumerate(policies)
+    ]
+    next_arrival, done = 0, 0
     while done < num:
-        if now > config.max_sim_time_s:
+        busy = [inst for inst in instances if inst.busy]
+        step_at = min((inst.now for inst in busy), default=np.inf)
+        if next_arrival < num and workload.arrival_s[next_arrival] <= step_at:
+            target = (
+                instances[0]
+                if len(instances) == 1
+                else instances[dispatch(instances, next_arrival)]
+            )
+            if not target.busy:  # an idle instance waits for its next request
+                target.now = max(target.now, float(workload.arrival_s[next_arrival]))
+            target.waiting.append(next_arrival)
+            next_arrival += 1
+            continue
+        if step_at > config.max_sim_time_s:
             raise RuntimeError(
                 f"simulation passed {config.max_sim_time_s} s with {num - done} requests left"
             )
-        while next_arrival < num and workload.arrival_s[next_arrival] <= now:
-            waiting.append(next_arrival)
-            next_arrival += 1
-        if not waiting and running.size == 0:
-            now = float(workload.arrival_s[next_arrival])
-            continue
-        if waiting and running.size < config.max_running_requests:
-            admitted = _admit(waiting, prompt, config.max_running_requests - running.size, config)
-            elapsed_ms = latency.prefill_ms(int(prompt[admitted].sum()), policy.speculates)
-            now += elapsed_ms / 1000.0
+        done += min(busy, key=lambda inst: inst.now).step()
+    return result
+
+
+@dataclass
+class Instance:
+    """One serving instance: its waiting queue, running batch and clock (the time its next
+    forward can start). Request state lives in the shared `result` (by workload index)."""
+
+    workload: WorkloadArrays
+    latency: LatencyModel
+    acceptance: AcceptanceModel
+    policy: SimPolicy
+    rng: np.random.Generator
+    config: EngineConfig
+    result: SimResult
+    alpha: np.ndarray
+    beta: np.ndarray
+    waiting: deque = field(default_factory=deque)
+    running: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    now: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting) or self.running.size > 0
+
+    @property
+    def requests(self) -> np.ndarray:
+        """Workload indices of its requests in flight (running, then waiting)."""
+        return np.concatenate([self.running, np.array(self.waiting, dtype=np.int64)])
+
+    def step(self) -> int:
+        """One forward: a prefill batch when requests wait and the batch has room, else a
+        decode iteration; returns how many requests finished."""
+        result, tokens, config = self.result, self.result.committed, self.config
+        if self.waiting and self.running.size < config.max_running_requests:
+            prompt = self.workload.prompt_tokens
+            room = config.max_running_requests - self.running.size
+            admitted = _admit(self.waiting, prompt, room, config)
+            elapsed_ms = self.latency.prefill_ms(
+                int(prompt[admitted].sum()), self.policy.speculates
+            )
+            self.now += elapsed_ms / 1000.0
             result.prefill_ms += elapsed_ms
             result.prefill_batches += 1
             tokens[admitted] = 1
-            result.first_token_s[admitted] = now
-            running = np.concatenate([running, admitted])
-            continue
-        now, finished = _decode_iteration(
-            running, now, workload, latency, acceptance, policy, rng, alpha, beta, tokens, result
-        )
-        if finished.any():
-            gone = running[finished]
-            result.finish_s[gone] = now
-            result.finished_count[gone] += 1
-            done += gone.size
-            running = running[~finished]
-    return result
+            result.first_token_s[admitted] = self.now
+            self.running = np.concatenate([self.running, admitted])
+            return 0
+        self.now, finished = _decode_iteration(
+            self.running, self.now, self.workload, self.latency, self.acceptance, self.policy,
+            self.rng, self.alpha[self.running], self.beta[self.running], tokens, result,
+        )  # fmt: skip
+        if not finished.any():
+            return 0
+        gone = self.running[finished]
+        result.finish_s[gone] = self.now
+        result.finished_count[gone] += 1
+        self.running = self.running[~finished]
+        return int(gone.size)
 
 
 def _admit(waiting: deque, prompt: np.ndarray, room: int, config: EngineConfig) -> np.ndarray:
@@ -179,8 +253,9 @@ def _decode_iteration(
     tokens: np.ndarray,
     result: SimResult,
 ) -> tuple[float, np.ndarray]:
-    """One speculative (or plain) decode iteration of the running batch; returns the new clock
-    and which running requests finished [n] bool."""
+    """One speculative (or plain) decode iteration of the running batch (alpha, beta [n]: the
+    running requests' acceptance parameters); returns the new clock and which running requests
+    finished [n] bool."""
     start = result.decode_start_s[running]
     fresh = np.isnan(start)
     result.decode_start_s[running[fresh]] = now
@@ -192,7 +267,7 @@ def _decode_iteration(
     )
 
     def draft(depth: int, width: int):
-        return draft_trees(acceptance, rng, alpha[running], beta[running], depth, width)
+        return draft_trees(acceptance, rng, alpha, beta, depth, width)
 
     context_lens = workload.prompt_tokens[running] + tokens[running]
     decision = policy.decide(slo, draft, tuple(str(i) for i in running), context_lens)

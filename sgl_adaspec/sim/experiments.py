@@ -49,8 +49,12 @@ class SweepConfig:
     trace: str | None = None
     time_compression: float = 1.0
     relative_slo_scale: float | None = None
+    # The `dp-dispatch` experiment: data-parallel replicas (`replicas.py`).
+    replicas: int = 1
 
     def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if not self.rates_rps or any(not r > 0 for r in self.rates_rps):
             raise ValueError(f"rates must be > 0, got {self.rates_rps}")
         if self.num_requests < 1 or self.repeats < 1:

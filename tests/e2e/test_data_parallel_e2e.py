@@ -6,7 +6,10 @@ server without speculation, and `/server_info` and Prometheus report per replica
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
+import psutil
+import pytest
 import requests
 
 from sgl_adaspec.local_server.launch import eagle_flags
@@ -18,6 +21,18 @@ from .test_tensor_parallel_e2e import TP2_ENV, metric_values
 BURST = PROMPTS * 3
 
 
+def controller_cpu_seconds(launcher_pid: int, idle_s: float) -> float:
+    """CPU seconds SGLang's DP controller process spends over `idle_s` seconds of no requests."""
+    (controller,) = [
+        p for p in psutil.Process(launcher_pid).children(recursive=True)
+        if "data_parallel_controller" in p.name()
+    ]  # fmt: skip
+    before = sum(controller.cpu_times()[:2])
+    time.sleep(idle_s)
+    return sum(controller.cpu_times()[:2]) - before
+
+
+@pytest.mark.slow  # ~85 s; the default tier keeps the TP case (test_tensor_parallel_e2e.py)
 def test_two_replicas_dispatched_by_slo(models, tmp_path_factory, bigram_pair_reference):
     server = start(
         tmp_path_factory, "dp2-slo", models.bigram_target,
@@ -30,9 +45,13 @@ def test_two_replicas_dispatched_by_slo(models, tmp_path_factory, bigram_pair_re
             outputs = list(pool.map(lambda job: generate(server.url, *job), BURST))
         info = requests.get(f"{server.url}/server_info", timeout=60).json()
         metrics = metric_values(requests.get(f"{server.url}/metrics", timeout=60).text)
+        idle_cpu_s = controller_cpu_seconds(server.process.pid, idle_s=3.0)
     finally:
         server.stop()
     assert [out["output_ids"] for out in outputs] == bigram_pair_reference * 3
+    # --sleep-on-idle: the DP controller waits on its socket (SGLang's own loop spins a core,
+    # ~2.4 s of CPU in 3 s here).
+    assert idle_cpu_s < 0.5, idle_cpu_s
     log = server.log_path.read_text()
     assert "sgl_adaspec: DP dispatch by SLO across 2 replicas" in log
     assert "Traceback" not in log
