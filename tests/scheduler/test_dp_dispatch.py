@@ -35,13 +35,22 @@ def test_margin_is_the_tightest_slo_in_force_less_the_time_with_one_more_request
     assert margin_ms(ReplicaLoad(1, (50.0,)), 100.0) is None
 
 
-def test_a_tight_request_goes_where_its_slo_holds_not_to_the_emptier_replica():
-    # Replica 0: two loose requests (30 ms/token with a third). Replica 1: one request with
-    # a 25 ms SLO (20 ms/token with a second). A 40 ms request: margins 40-30=10 vs 25-20=5,
-    # so replica 0; a 22 ms request: 22-30=-8 vs 22-20=2, so replica 1.
-    replicas = [ReplicaLoad(2, (500.0, 500.0), CURVE), ReplicaLoad(1, (25.0,), CURVE)]
-    assert choose_replica(replicas, 40.0) == 0
-    assert choose_replica(replicas, 22.0) == 1
+def test_a_request_goes_to_the_fastest_replica_where_every_slo_holds():
+    # Replica 0 is faster with one more (20 ms/token) but holds a 15 ms request that would
+    # miss; replica 1 (30 ms/token with a third) has room for a 40 ms request.
+    replicas = [ReplicaLoad(1, (15.0,), CURVE), ReplicaLoad(2, (), CURVE)]
+    assert choose_replica(replicas, 40.0) == 1
+    # A 25 ms request fits nowhere (-5 and -5 ms): the least harm, then the faster.
+    assert choose_replica(replicas, 25.0) == 0
+
+
+def test_loose_requests_spread_by_speed_not_by_the_tightest_slo_in_force():
+    # Both replicas keep every SLO with a 500 ms request; the faster one takes it, though
+    # the other holds no tight request (margins 30-20=10 vs 500-40=460 ms). Sending it to the
+    # largest margin piled the loose classes onto such replicas in the simulator.
+    replicas = [ReplicaLoad(1, (30.0,), CURVE), ReplicaLoad(3, (500.0,), CURVE)]
+    assert choose_replica(replicas, 500.0) == 0
+    assert choose_replica(replicas, None) == 0
 
 
 def test_best_effort_keeps_off_replicas_whose_slos_it_would_break():
