@@ -42,6 +42,7 @@ REPORT_INTERVAL_S = 0.05
 # How long the controller counts a request it sent before the replica's report lists it (it is
 # listed once it decodes; until then it waits in the replica's queue).
 PENDING_S = 2.0
+READ_INTERVAL_S = 0.02
 # Points of a report's per-token curve: requests 1..MAX_CURVE_REQUESTS.
 MAX_CURVE_REQUESTS = 64
 
@@ -161,6 +162,7 @@ class SloDispatcher:
         # Per replica: requests sent with an SLO that its report does not list yet,
         # rid -> (SLO ms, when sent).
         self.pending: dict[int, dict[str, tuple[float, float]]] = {}
+        self.last_read_s = -math.inf
 
     def __call__(self, req) -> None:
         controller = self.controller
@@ -181,8 +183,12 @@ class SloDispatcher:
 
     def refresh(self, now: float) -> None:
         """SGLang's requests in flight per replica (its own throttled refresh) and the
-        replicas' reports."""
+        replicas' reports (read at most every `READ_INTERVAL_S`: a burst dispatches on the
+        same reports and its own counts, as SGLang's DPBudget does)."""
         self.controller.refresh_load_budget()
+        if now - self.last_read_s < READ_INTERVAL_S:
+            return
+        self.last_read_s = now
         for rank in range(len(self.controller.workers)):
             path = report_path(rank)
             report = read_report(path) if path is not None else None

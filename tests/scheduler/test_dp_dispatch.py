@@ -13,6 +13,7 @@ import pytest
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler import dp_adapter
 from sgl_adaspec.scheduler.dp_adapter import (
+    READ_INTERVAL_S,
     REPORT_INTERVAL_S,
     STATE_DIR_ENV,
     ReplicaReporter,
@@ -158,7 +159,7 @@ def test_the_dispatcher_reads_reports_and_counts_what_it_sent_until_they_list_it
     # Once the replica's report lists it, it is counted from the report alone.
     slos = {"x": 25.0} if rank == 0 else {"y": 500.0}
     write_report(tmp_path, rank, {**slos, "tight": 24.0})
-    dispatcher.refresh(now=0.0)
+    dispatcher.refresh(now=dispatcher.last_read_s + READ_INTERVAL_S)
     assert sorted(dispatcher.replica_load(rank).slos_ms) == sorted([*slos.values(), 24.0])
 
 
