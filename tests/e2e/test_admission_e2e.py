@@ -100,4 +100,6 @@ def test_without_slo_admission_a_long_prefill_runs_in_one_piece(models, tmp_path
         server.stop()
     assert long["meta_info"]["prompt_tokens"] == 1200
     log_after = server.log_path.read_bytes()[log_offset:].decode(errors="replace")
-    assert prefill_chunks(log_after) == [1200]
+    # The running request's own prefill (5 tokens) can still be in the file's unread tail when
+    # its first token arrives (the scheduler's log is another process's buffered stream).
+    assert [chunk for chunk in prefill_chunks(log_after) if chunk != 5] == [1200]
