@@ -14,6 +14,15 @@ def start(tmp_path_factory, name: str, model: Path, *extra: str, env=None) -> Se
     return Server(model, extra_args=tuple(extra), env=env or {}, log_path=log).start()
 
 
+def metric_values(text: str) -> dict[str, float]:
+    """The plugin's series in a /metrics text: name with labels -> value."""
+    return {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("sglang_adaspec:")
+    }
+
+
 @pytest.fixture(scope="session")
 def eagle_server(models, tmp_path_factory):
     """tiny-llama with its EAGLE draft (steps 3, topk 2, 6 tokens) and --spec-policy adaserve."""

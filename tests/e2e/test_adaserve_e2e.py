@@ -12,7 +12,7 @@ import requests
 from sgl_adaspec.local_server import client
 from sgl_adaspec.local_server.launch import eagle_flags
 
-from .conftest import start
+from .conftest import metric_values, start
 
 # The tight target is reachable in principle (an iteration of ~10 ms committing up to d + 1
 # tokens) but the random draft is almost never accepted, so that request is always behind.
@@ -85,11 +85,7 @@ def test_server_info_reports_policy_state_and_per_class_attainment(adaserve_outp
 
 def test_prometheus_metrics_carry_slo_class_labels(adaserve_outputs):
     _, _, metrics = adaserve_outputs
-    lines = {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in metrics.splitlines()
-        if line.startswith("sglang_adaspec:")
-    }
+    lines = metric_values(metrics)
     assert lines['sglang_adaspec:requests_finished_total{slo_class="custom"}'] == 2
     assert lines['sglang_adaspec:requests_slo_met_total{slo_class="custom"}'] == 1
     # The configured classes' counters exist from start-up, at 0 (no chat request was sent).
@@ -109,5 +105,7 @@ def test_budget_comes_from_the_startup_verify_cost_profile(eagle_server):
     stats = state["internal_states"][0]["adaspec"]["stats"]
     profile = stats["cost_profile"]
     assert len(profile["tokens"]) >= 2 and all(t > 0 for t in profile["latency_ms"])
-    expected = knee_budget(VerifyCostProfile(tuple(profile["tokens"]), tuple(profile["latency_ms"])))
+    expected = knee_budget(
+        VerifyCostProfile(tuple(profile["tokens"]), tuple(profile["latency_ms"]))
+    )
     assert stats["budget"] == expected

@@ -14,9 +14,9 @@ import requests
 
 from sgl_adaspec.local_server.launch import eagle_flags
 
-from .conftest import start
+from .conftest import metric_values, start
 from .mixed_batch import PROMPTS, generate
-from .test_tensor_parallel_e2e import TP2_ENV, metric_values
+from .test_tensor_parallel_e2e import TP2_ENV
 
 BURST = PROMPTS * 3
 

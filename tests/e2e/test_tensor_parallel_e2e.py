@@ -15,6 +15,7 @@ import pytest
 
 from sgl_adaspec.speculative.sglang.tp_sync import CLOCK_RATES_ENV
 
+from .conftest import metric_values
 from .mixed_batch import run_policy
 
 TP2 = ("--tp", "2")
@@ -37,14 +38,6 @@ OTHER_CASES = [
     for policy_args in POLICIES
     if (pair, policy_args[0]) != ("bigram", "adaserve")
 ]
-
-
-def metric_values(text: str) -> dict[str, float]:
-    return {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in text.splitlines()
-        if line.startswith("sglang_adaspec:")
-    }
 
 
 def test_adaserve_under_tp2_with_skewed_rank_clocks(

@@ -13,7 +13,7 @@ from sgl_adaspec.scheduler.request_slo import RequestSlo
 from sgl_adaspec.scheduler.sglang_adapter import request_slo
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.policies.base import PolicyBase
-from sgl_adaspec.speculative.sglang.runtime import now_s, report_to_dispatcher, runtime
+from sgl_adaspec.speculative.sglang.runtime import now_s, replica_reporter, report_to_dispatcher
 
 
 @dataclass
@@ -44,7 +44,7 @@ def track_requests(reqs, policy: PolicyBase) -> None:
     iteration, speculative or plain: a request's clock starts at its first decode iteration,
     and one served without speculation still reports its TPOT when it finishes."""
     now = now_s()
-    reporter = runtime().reporter if runtime() is not None else None
+    reporter = replica_reporter()
     for req in reqs:
         if getattr(req, "_adaspec_state", None) is None:
             slo = request_slo(req)
@@ -79,7 +79,7 @@ def request_finished(_result, req, *args, **kwargs) -> None:
         return
     state.reported = True
     state.policy.forget(req.rid)
-    reporter = runtime().reporter if runtime() is not None else None
+    reporter = replica_reporter()
     if reporter is not None:
         reporter.finish(req.rid)
         report_to_dispatcher(state.policy)

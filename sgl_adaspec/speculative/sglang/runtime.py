@@ -158,13 +158,18 @@ def tp_sync() -> TpSync:
     return _RUNTIME.tp_sync if _RUNTIME is not None else TpSync()
 
 
+def replica_reporter() -> ReplicaReporter | None:
+    """This replica's SLO report to the DP controller, or None (see `Runtime.reporter`)."""
+    return _RUNTIME.reporter if _RUNTIME is not None else None
+
+
 def report_to_dispatcher(policy: PolicyBase) -> None:
     """Rewrite this replica's SLO report if it is due (`dp_adapter.ReplicaReporter`)."""
-    reporter = _RUNTIME.reporter if _RUNTIME is not None else None
+    reporter = replica_reporter()
     if reporter is None:
         return
     try:
-        reporter.maybe_write(policy, time.perf_counter())
+        reporter.maybe_write(policy, now_s())
     except Exception:  # the dispatcher then works from older reports: never stop serving
         logger.exception("sgl_adaspec: writing the replica's SLO report failed")
 
