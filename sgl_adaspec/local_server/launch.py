@@ -7,13 +7,16 @@ attention, pytorch sampling, no CUDA graphs, a bounded KV pool, float32.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import requests
 
@@ -47,10 +50,23 @@ def standalone_flags(draft: Path, steps: int = 3, topk: int = 2, num_draft_token
     return tuple(flags)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# Below the kernel's ephemeral range (32768+ by default), where outgoing connections (gloo's
+# under --tp, the test client's) take their local ports, and below 22000, where SGLang draws
+# its own NCCL port: a port chosen here stays free until the server binds it.
+PORT_RANGE = (12000, 21999)
+BIND_ERROR = "error while attempting to bind on address"
+START_ATTEMPTS = 3
+
+
+def free_port(low: int = PORT_RANGE[0], high: int = PORT_RANGE[1]) -> int:
+    for port in random.sample(range(low, high + 1), 64):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}..{high}")
 
 
 @dataclass
@@ -78,24 +94,41 @@ class Server:
             *self.base_flags, *self.extra_args,
         ]  # fmt: skip
 
-    def start(self) -> "Server":
-        log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            self.command(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env},
-            start_new_session=True,  # so stop() can end the whole process group
-        )
+    def start(self) -> Self:
+        """Start and wait until healthy; a port taken meanwhile by another process is replaced."""
+        if self.log_path is None:  # the log is how a lost port is seen
+            self.log_path = Path(tempfile.mkdtemp(prefix="sglang-server-")) / "server.log"
+        for _ in range(START_ATTEMPTS):
+            if self._start_once():
+                return self
+            self.port = free_port()
+        raise RuntimeError(f"server could not bind a port in {START_ATTEMPTS} attempts")
+
+    def _start_once(self) -> bool:
+        """True once healthy; False if the HTTP port was taken (the server is then stopped)."""
+        with open(self.log_path, "w") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,  # so stop() can end the whole process group
+            )
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}{self._log_tail()}")
+                raise RuntimeError(
+                    f"server exited with {self.process.returncode}{self._log_tail()}"
+                )
             try:
                 if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
+                    return True
             except requests.RequestException:
                 pass
+            if BIND_ERROR in Path(self.log_path).read_text(errors="replace"):
+                # uvicorn logs the error but SGLang's process then waits forever.
+                self.stop()
+                return False
             time.sleep(1.0)
         self.stop()
         raise TimeoutError(f"server not healthy after {self.startup_timeout_s} s{self._log_tail()}")
@@ -118,7 +151,7 @@ class Server:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
