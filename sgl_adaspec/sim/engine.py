@@ -10,7 +10,10 @@ overlap scheduling):
 - otherwise one decode iteration of the whole running batch: the policy drafts and selects
   (`policies.py`), the accept walk (`trees.accept_walk`) decides what the target accepts, each
   request commits accepted + 1 (bonus) tokens, cut at its output length, and the clock advances
-  by the draft forwards plus the verify pass.
+  by the draft forwards plus the verify pass;
+- a plain iteration (a policy's depth 0) leaves its requests' draft state stale, as SGLang's
+  steps-0 path does (it skips the draft extend and zeroes the draft's top-k): their next
+  draft's path probabilities are 0 and it accepts nothing.
 
 SLO accounting (as the server's `speculative/sglang/`): a request's decode clock starts at the
 start of its first decode iteration; TPOT = (finish - decode start) / (output tokens - 1), the
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -62,7 +65,8 @@ class IterationLog:
 @dataclass
 class SimResult:
     """Per request [R] (workload order): first_token_s, decode_start_s, finish_s, committed
-    (tokens generated), finished_count (times the request finished: must be 1), tpot_ms, met.
+    (tokens generated), finished_count (times the request finished: must be 1), draft_stale
+    (its last decode iteration ran plain), tpot_ms, met.
     Totals over the run: decode iterations, prefill batches, verified and accepted draft tokens,
     busy time in prefill / draft / verify (ms)."""
 
@@ -73,6 +77,7 @@ class SimResult:
     finish_s: np.ndarray
     committed: np.ndarray
     finished_count: np.ndarray
+    draft_stale: np.ndarray | None = None
     iterations: int = 0
     prefill_batches: int = 0
     request_iterations: int = 0
@@ -82,6 +87,10 @@ class SimResult:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     log: IterationLog | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft_stale is None:
+            self.draft_stale = np.zeros(self.committed.shape, dtype=bool)
 
     @property
     def tpot_ms(self) -> np.ndarray:
@@ -266,8 +275,17 @@ def _decode_iteration(
         tokens_out=torch.from_numpy((tokens[running] - 1).astype(np.float64)),
     )
 
+    stale = result.draft_stale[running]
+
     def draft(depth: int, width: int):
-        return draft_trees(acceptance, rng, alpha, beta, depth, width)
+        trees = draft_trees(acceptance, rng, alpha, beta, depth, width)
+        if stale.any():  # as on the server: path probabilities 0, nothing accepted
+            trees = replace(
+                trees,
+                path_prob=np.where(stale[:, None], 0.0, trees.path_prob),
+                accept_prob=np.where(stale[:, None], 0.0, trees.accept_prob),
+            )
+        return trees
 
     context_lens = workload.prompt_tokens[running] + tokens[running]
     decision = policy.decide(slo, draft, tuple(str(i) for i in running), context_lens)
@@ -275,6 +293,7 @@ def _decode_iteration(
         accepted, deepest = np.zeros(running.size, dtype=np.int64), None
     else:
         accepted, deepest = accept_walk(decision.trees, decision.selected, rng)
+    result.draft_stale[running] = decision.trees is None
     context = int(context_lens.sum())
     draft_ms = sum(latency.draft_step_ms(t, context) for t in decision.draft_forward_tokens)
     verified = int(decision.verified.sum())

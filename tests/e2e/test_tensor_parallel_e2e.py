@@ -31,7 +31,8 @@ POLICIES = (
     ("dropin",),
     ("static",),
 )
-# adaserve on the bigram pair runs by default (test below); every other case in the slow tier.
+# Every case runs in the slow tier (each ~70 s on 2 cores): adaserve on the bigram pair with the
+# statistics checks below, the others in the parametrized test.
 OTHER_CASES = [
     pytest.param(pair, policy_args, marks=pytest.mark.slow, id=f"{pair}-{policy_args[0]}")
     for pair in ("random", "bigram")
@@ -40,6 +41,7 @@ OTHER_CASES = [
 ]
 
 
+@pytest.mark.slow
 def test_adaserve_under_tp2_with_skewed_rank_clocks(
     models, tmp_path_factory, bigram_pair_reference
 ):

@@ -30,6 +30,7 @@ SCRIPT = HERE / "interpreter_equivalence.py"
 INTERPRETER_CASES = 100
 
 
+@pytest.mark.slow  # ~35 s on 2 cores
 def test_ops_match_triton_kernels_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", TORCHDYNAMO_DISABLE="1")
     proc = subprocess.run(

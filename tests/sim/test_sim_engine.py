@@ -3,6 +3,8 @@ SLO-aware policy serving the tight class better than the static tree."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
 from sgl_adaspec.sim.acceptance import SYNTHETIC_DEFAULT, zero_acceptance
 from sgl_adaspec.sim.engine import EngineConfig, simulate
 from sgl_adaspec.sim.latency import get_preset
-from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES, make_policy
+from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES, Decision, make_policy
 from sgl_adaspec.sim.workload import WorkloadArrays, poisson_workload
 
 ALL_POLICIES = POLICY_NAMES + EXTRA_POLICY_NAMES
@@ -115,3 +117,51 @@ def test_adaserve_serves_the_tight_class_better_than_static_under_mixed_load():
     adaserve = _run("a100x4-llama70b", workload, "adaserve", seed=3)
     assert adaserve.met[coding].mean() > static.met[coding].mean() + 0.2
     assert adaserve.met.mean() > static.met.mean()
+
+
+@dataclass
+class _PlainThenTwoChains:
+    """Fake policy: a plain iteration, then two depth-2 chains verified whole, repeated; keeps
+    what each speculative iteration saw and got."""
+
+    name: str = "plain-then-chains"
+    speculates: bool = True
+    iteration: int = 0
+    seen: list = field(default_factory=list)  # (path probabilities [B, 2], accepted [B])
+
+    def decide(self, slo, draft, *_batch) -> Decision:
+        self.iteration += 1
+        n = slo.num_requests
+        if self.iteration % 3 == 1:
+            return Decision((), None, None, np.ones(n, dtype=np.int64))
+        trees = draft(2, 1)
+        self.seen.append([trees.path_prob.copy(), None])
+        return Decision((n, n), trees, np.ones((n, 2), dtype=bool), np.full(n, 3), 2, 1)
+
+    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None) -> None:
+        if decision.trees is not None:
+            self.seen[-1][1] = accepted.copy()
+
+
+def test_a_draft_after_a_plain_iteration_runs_on_stale_state():
+    """As SGLang's steps-0 path (draft extend skipped, top-k zeroed): the first draft after a
+    plain iteration has path probability 0 and accepts nothing; the next one is whole again."""
+    certain = SYNTHETIC_DEFAULT.with_calibration("always", (0.0, 1.0), (1.0, 1.0))
+    n = 4
+    workload = WorkloadArrays(
+        ("coding", "chat", "summarization"),
+        arrival_s=np.zeros(n),
+        class_index=np.arange(n) % 3,
+        prompt_tokens=np.full(n, 10),
+        output_tokens=np.full(n, 40),
+        tpot_slo_ms=np.full(n, np.nan),
+    )
+    policy = _PlainThenTwoChains()
+    latency = get_preset("h100-llama8b")
+    simulate(workload, latency, certain, policy, 0, EngineConfig())
+    after_plain, after_draft = policy.seen[0::2], policy.seen[1::2]
+    assert len(after_plain) >= 5 and len(after_draft) >= 5
+    for path_prob, accepted in after_plain:
+        assert (path_prob == 0).all() and (accepted == 0).all()
+    for path_prob, accepted in after_draft:
+        assert (path_prob > 0).all() and (accepted == 2).all()
