@@ -197,6 +197,7 @@ class Instance:
     waiting: deque = field(default_factory=deque)
     running: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     now: float = 0.0
+    after_prefill: bool = True  # the last forward was a prefill (or none ran yet)
 
     @property
     def busy(self) -> bool:
@@ -224,11 +225,14 @@ class Instance:
             tokens[admitted] = 1
             result.first_token_s[admitted] = self.now
             self.running = np.concatenate([self.running, admitted])
+            self.after_prefill = True
             return 0
         self.now, finished = _decode_iteration(
             self.running, self.now, self.workload, self.latency, self.acceptance, self.policy,
             self.rng, self.alpha[self.running], self.beta[self.running], tokens, result,
+            self.after_prefill,
         )  # fmt: skip
+        self.after_prefill = False
         if not finished.any():
             return 0
         gone = self.running[finished]
@@ -261,6 +265,7 @@ def _decode_iteration(
     beta: np.ndarray,
     tokens: np.ndarray,
     result: SimResult,
+    after_prefill: bool,
 ) -> tuple[float, np.ndarray]:
     """One speculative (or plain) decode iteration of the running batch (alpha, beta [n]: the
     running requests' acceptance parameters); returns the new clock and which running requests
@@ -302,7 +307,7 @@ def _decode_iteration(
     remaining = workload.output_tokens[running] - tokens[running]
     committed = np.minimum(accepted + 1, remaining)
     tokens[running] += committed
-    policy.observe(decision, accepted, elapsed_ms, verify_ms, deepest)
+    policy.observe(decision, accepted, elapsed_ms, verify_ms, deepest, after_prefill)
     result.iterations += 1
     result.request_iterations += running.size
     result.verified_tokens += verified

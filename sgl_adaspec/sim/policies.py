@@ -72,9 +72,11 @@ class SimPolicy(Protocol):
         latency_ms: float,
         verify_ms: float,
         deepest: np.ndarray | None = None,
+        after_prefill: bool = False,
     ) -> None:
         """accepted [B]: draft tokens accepted per request (bonus not counted); deepest [B]:
-        each request's deepest accepted node (-1: none; None without speculation)."""
+        each request's deepest accepted node (-1: none; None without speculation);
+        after_prefill: a prefill ran just before this iteration (`Outcome.after_prefill`)."""
 
 
 def _beam_forwards(num_requests: int, depth: int, width: int) -> tuple[int, ...]:
@@ -95,7 +97,9 @@ class NoSpeculation:
     def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
         return _plain(slo.num_requests)
 
-    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None) -> None:
+    def observe(
+        self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False
+    ) -> None:
         pass
 
 
@@ -119,7 +123,9 @@ class StaticTree:
             self.width,
         )
 
-    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None) -> None:
+    def observe(
+        self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False
+    ) -> None:
         pass
 
 
@@ -191,7 +197,9 @@ class AdaptiveSteps:
         verified = np.full(num_requests, steps + 1, dtype=np.int64)
         return Decision((num_requests,) * steps, trees, selected, verified, steps, 1)
 
-    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None) -> None:
+    def observe(
+        self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False
+    ) -> None:
         tier = self.tier(len(decision.verified))
         if tier.steps > 0:
             w = self.ema_weight
@@ -268,7 +276,9 @@ class ServerPolicy:
             decision.budget,
         )
 
-    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None) -> None:
+    def observe(
+        self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False
+    ) -> None:
         it, server_decision, rids, context = self._pending
         if server_decision is None:
             self.policy.stats.observe_plain(len(rids))
@@ -281,6 +291,7 @@ class ServerPolicy:
             verify_ms=verify_ms,
             iteration_ms=latency_ms,
             deepest_accepted=None if deepest is None else torch.from_numpy(deepest),
+            after_prefill=after_prefill,
         )
         self.policy.observe(outcome)
 

@@ -138,7 +138,7 @@ class _PlainThenTwoChains:
         self.seen.append([trees.path_prob.copy(), None])
         return Decision((n, n), trees, np.ones((n, 2), dtype=bool), np.full(n, 3), 2, 1)
 
-    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None) -> None:
+    def observe(self, decision, accepted, latency_ms, verify_ms, *_rest) -> None:
         if decision.trees is not None:
             self.seen[-1][1] = accepted.copy()
 

@@ -16,10 +16,11 @@ from sgl_adaspec.speculative.cost_rule import ShapeGain, cost_budget, plan_shape
 from sgl_adaspec.speculative.policies.adaserve import (
     FIRST_REMEASURE,
     REMEASURE_PLAIN,
+    REMEASURE_RUN,
     AdaserveConfig,
     AdaservePolicy,
 )
-from sgl_adaspec.speculative.policies.base import make_outcome
+from sgl_adaspec.speculative.policies.base import MAX_PLAIN_UNFITTED, make_outcome
 
 
 def linear_ms(fixed: float, per_token: float):
@@ -238,12 +239,18 @@ def test_calibration_without_observations_is_the_identity():
 
 
 def feed(
-    policy: AdaservePolicy, verify_ms: float, iteration_ms: float, accepted: int, requests: int = 1
+    policy: AdaservePolicy,
+    verify_ms: float,
+    iteration_ms: float,
+    accepted: int,
+    requests: int = 1,
+    after_prefill: bool = False,
 ) -> None:
     """One plain iteration (no decision: verified 1 token each) of `requests` requests."""
     outcome = make_outcome(
         None, None, rids=tuple(f"r{i}" for i in range(requests)), context_tokens=10 * requests,
         accepted=torch.full((requests,), accepted), verify_ms=verify_ms, iteration_ms=iteration_ms,
+        after_prefill=after_prefill,
     )  # fmt: skip
     policy.observe(outcome)
 
@@ -311,27 +318,52 @@ def test_adaserve_remeasures_a_plain_decode_while_speculating():
     policy = speculating_policy(AdaserveConfig(explore_interval=1000))
     shapes = [policy.draft_shape(1, 4, 2, slo([math.nan])) for _ in range(4 * REMEASURE_PLAIN)]
     plain_at = [i for i, (depth, _) in enumerate(shapes) if depth == 0]
-    # Soon at first (so a stalled measurement is outvoted), then ever more rarely.
-    gaps = [b - a for a, b in zip([-1, *plain_at], plain_at)]
+    # Two plain iterations in a row each time: only the second is a steady price.
+    starts = plain_at[::REMEASURE_RUN]
+    assert all(plain_at[i + 1] == plain_at[i] + 1 for i in range(0, len(plain_at) - 1, 2))
+    # Soon at first (so a stalled measurement is outvoted), then ever more rarely: gaps count
+    # the speculative iterations between two runs, and the run's first.
+    gaps = [b - a - REMEASURE_RUN + 1 for a, b in zip([-REMEASURE_RUN, *starts], starts)]
     assert gaps[0] == FIRST_REMEASURE
     assert gaps == sorted(gaps) and gaps[-1] == REMEASURE_PLAIN
-    assert all(shapes[i + 1] == (1, 1) for i in plain_at)  # a chain warms the draft
+    assert all(shapes[i + REMEASURE_RUN] == (1, 1) for i in starts)  # a chain warms the draft
 
 
 def test_adaserve_measures_a_plain_decode_at_each_new_load():
     policy = speculating_policy(AdaserveConfig(explore_interval=1000))  # plain measured at n=1
     assert policy.draft_shape(1, 4, 2, slo([math.nan])) == (2, 1)
     assert policy.draft_shape(3, 4, 2, slo([math.nan] * 3))[0] == 0  # n = 3: not yet
+    feed(policy, verify_ms=12.0, iteration_ms=30.0, accepted=1, requests=3, after_prefill=True)
+    assert policy.draft_shape(3, 4, 2, slo([math.nan] * 3))[0] == 0  # a switch, not a price
     feed(policy, verify_ms=12.0, iteration_ms=12.5, accepted=1, requests=3)
+    assert policy.plain_latency.predict((3, 30)) == pytest.approx(12.5, rel=1e-3)
     assert policy.draft_shape(3, 4, 2, slo([math.nan] * 3)) == (1, 1)  # measured: cold chain
     assert policy.draft_shape(2, 4, 2, slo([math.nan] * 2))[0] > 0  # 2 and 3 share a bucket
+
+
+def test_a_plain_decode_is_priced_among_plain_ones():
+    """The first plain iteration after a prefill or after speculation pays SGLang's switch;
+    a stand-down pays it once, so it is no plain decode's price, unless nothing steadier comes
+    (prefills between every two decodes)."""
+    policy = AdaservePolicy(AdaserveConfig())
+    feed(policy, verify_ms=90.0, iteration_ms=100.0, accepted=1, after_prefill=True)
+    feed(policy, verify_ms=9.0, iteration_ms=10.0, accepted=1)
+    assert policy.plain_latency.num_observations == 1
+    assert policy.plain_latency.predict((1, 10)) == pytest.approx(10.0)
+    cold = iteration_input(beam([[[0.9]]]), 1, 1)
+    policy.observe(verified_outcome(cold, policy.decide(cold), accepted=0))
+    feed(policy, verify_ms=20.0, iteration_ms=25.0, accepted=1)  # after speculation
+    assert policy.plain_latency.num_observations == 1
+    for _ in range(MAX_PLAIN_UNFITTED - 1):
+        feed(policy, verify_ms=20.0, iteration_ms=25.0, accepted=1, after_prefill=True)
+    assert policy.plain_latency.num_observations == 2  # the third unsteady one in a row
 
 
 def test_adaserve_does_not_price_a_plain_decode_by_its_warm_up():
     policy = AdaservePolicy(AdaserveConfig())
     one = slo([math.nan])
     assert policy.draft_shape(1, 4, 2, one) == (0, 2)
-    feed(policy, verify_ms=90.0, iteration_ms=100.0, accepted=1)  # the server's first decode
+    feed(policy, verify_ms=90.0, iteration_ms=100.0, accepted=1, after_prefill=True)  # the first
     assert policy.plain_latency.num_observations == 0
     assert policy.draft_shape(1, 4, 2, one) == (0, 2)  # so it is measured again
     feed(policy, verify_ms=9.0, iteration_ms=10.0, accepted=1)

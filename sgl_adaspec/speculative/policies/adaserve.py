@@ -53,6 +53,8 @@ PLAN_REUSE = 8
 # let the fit tell a stalled measurement from the price).
 FIRST_REMEASURE = 8
 REMEASURE_PLAIN = 128
+# Plain iterations of one re-measurement: only the second is a steady price (`PolicyBase.observe`).
+REMEASURE_RUN = 2
 
 
 def load_bucket(num_requests: int) -> int:
@@ -174,10 +176,10 @@ class AdaservePolicy(PolicyBase):
     _since_explore: int = field(default=0, repr=False)  # speculative iterations since one
     _since_plain: int = field(default=0, repr=False)  # planned speculative ones since a plain one
     _remeasure_every: int = field(default=FIRST_REMEASURE, repr=False)
+    _remeasure_left: int = field(default=0, repr=False)  # plain iterations it still runs
     # Loads (`load_bucket`s) that plain_latency holds a measurement at: a cache of its rows,
     # refreshed on a miss.
     _plain_loads: set = field(default_factory=set, repr=False)
-    _warmed_up: bool = field(default=False, repr=False)
     _explores: int = field(default=0, repr=False)
     # The last plan and what it was computed from (see `_cost_plan`).
     _plan_cache: tuple = field(default=(None, None, 0), repr=False)  # key, plan, uses
@@ -208,9 +210,10 @@ class AdaservePolicy(PolicyBase):
             depth, width = tree_shape(num_requests, self.config.tree)
             return min(depth, steps), min(width, topk)
         full = (steps, topk)
-        if not self._plain_measured_at(num_requests):
-            # What a plain decode costs here is measured, not extrapolated: the first
-            # iteration at each load (within 2x) runs as one.
+        if not self._plain_measured_at(num_requests) or self._remeasure_left > 0:
+            # What a plain decode costs here is measured, not extrapolated: at each load
+            # (within 2x) iterations run as one until one is measured.
+            self._remeasure_left = max(self._remeasure_left - 1, 0)
             return self._plain(topk)
         planned = None if slo is None else self._cost_plan(slo)
         if planned is not None and planned.depth == 0:
@@ -228,6 +231,7 @@ class AdaservePolicy(PolicyBase):
                 # While speculating, a plain decode's price would otherwise never be measured
                 # again (one measurement may be a stalled one, or the context has grown).
                 self._remeasure_every = min(2 * self._remeasure_every, REMEASURE_PLAIN)
+                self._remeasure_left = REMEASURE_RUN - 1
                 return self._plain(topk)
         # After a plain iteration the draft's state is stale (SGLang skipped its extend): the
         # cheapest draft, a depth-1 chain, warms it; what it returns is not the draft's gain.
@@ -252,17 +256,6 @@ class AdaservePolicy(PolicyBase):
         if planned is not None:
             self._report(planned, shape)
         return shape
-
-    def observe_plain_iteration(
-        self, latency_ms: float, num_requests: int = 1, context_tokens: int = 0
-    ) -> None:
-        if not self._warmed_up and self.plain_latency.num_observations == 0:
-            # A server's first decode pays one-time set-up, a price that a fit of one or two
-            # points cannot tell apart from the load's.
-            self._warmed_up = True
-            self._last_verify_ms = None
-            return
-        super().observe_plain_iteration(latency_ms, num_requests, context_tokens)
 
     @staticmethod
     def _can_afford_probe(slo: SloBatch, planned) -> bool:

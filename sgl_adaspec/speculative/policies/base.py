@@ -35,6 +35,9 @@ from sgl_adaspec.speculative.latency import LinearLatency, VerifyLatency
 from sgl_adaspec.speculative.selection import Selection
 from sgl_adaspec.speculative.stats import SpecStats
 
+# Plain iterations in a row that price a plain decode even if none was steady (`observe`).
+MAX_PLAIN_UNFITTED = 3
+
 
 @dataclass(frozen=True)
 class IterationInput:
@@ -104,7 +107,9 @@ class Outcome:
     - context_tokens: KV tokens of the batch (sum of context lengths);
     - draft_steps / draft_width: the draft shape that ran (0 steps: no speculation);
     - budget / depth / width: what the decision applied, for the statistics;
-    - early_exit: (tested, exited, test_ms) of the verify pass's early exit, or None."""
+    - early_exit: (tested, exited, test_ms) of the verify pass's early exit, or None;
+    - after_prefill: the iteration came right after a prefill (or was the first): its time
+      includes the switch from extend to decode, no steady iteration's price."""
 
     rids: tuple[str, ...]
     verified: torch.Tensor
@@ -120,6 +125,7 @@ class Outcome:
     depth: int
     width: int
     early_exit: tuple[int, int, float] | None = None
+    after_prefill: bool = False
 
     @property
     def speculated(self) -> bool:
@@ -137,6 +143,7 @@ def make_outcome(
     iteration_ms: float,
     early_exit: tuple[int, int, float] | None = None,
     deepest_accepted: torch.Tensor | None = None,
+    after_prefill: bool = False,
 ) -> Outcome:
     """The outcome of an iteration that ran `decision` on `it` (both None: no speculation).
     deepest_accepted [B] int64: each request's deepest accepted candidate node (-1: none), or
@@ -145,7 +152,7 @@ def make_outcome(
         ones = torch.ones(len(rids), dtype=torch.long)
         return Outcome(
             rids, ones, accepted, None, None, verify_ms, iteration_ms, context_tokens, 0, 0,
-            len(rids), 0, 0,
+            len(rids), 0, 0, after_prefill=after_prefill,
         )  # fmt: skip
     selection = decision.selection
     f = torch.where(selection.mask, it.cands.path_prob.to(selection.mask.device), 0.0)
@@ -166,6 +173,7 @@ def make_outcome(
         depth=decision.depth,
         width=decision.width,
         early_exit=early_exit,
+        after_prefill=after_prefill,
     )
 
 
@@ -203,6 +211,9 @@ class PolicyBase:
     # Maps the draft's path probability to the acceptance the target shows (learned online).
     acceptance: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
     _last_verify_ms: float | None = field(default=None, repr=False)
+    # Whether the last iteration ran plain; plain ones in a row since one was fitted.
+    _previous_plain: bool = field(default=False, repr=False)
+    _plain_unfitted: int = field(default=0, repr=False)
     _last_verified_tokens: int = field(default=1, repr=False)
 
     def __post_init__(self) -> None:
@@ -241,9 +252,14 @@ class PolicyBase:
                 outcome.iteration_ms, outcome.draft_steps, len(outcome.rids), outcome.draft_width
             )
         else:
+            # A plain decode's price is a plain decode's among plain ones: the first after a
+            # prefill or after speculation also pays SGLang's switch (2-3x a steady one on the
+            # tiny bigram pair), which a stand-down pays once, not per iteration.
+            steady = self._previous_plain and not outcome.after_prefill
             self.observe_plain_iteration(
-                outcome.iteration_ms, len(outcome.rids), outcome.context_tokens
+                outcome.iteration_ms, len(outcome.rids), outcome.context_tokens, steady
             )
+        self._previous_plain = not outcome.speculated
 
     def draft_is_stale(self) -> bool:
         """Whether this iteration's draft ran on stale state (after iterations without
@@ -289,13 +305,22 @@ class PolicyBase:
         self._last_verify_ms = None
 
     def observe_plain_iteration(
-        self, latency_ms: float, num_requests: int = 1, context_tokens: int = 0
+        self,
+        latency_ms: float,
+        num_requests: int = 1,
+        context_tokens: int = 0,
+        steady: bool = True,
     ) -> None:
-        """Wall time of one iteration run without speculation."""
+        """Wall time of one iteration run without speculation; only `steady` ones (see
+        `observe`) price a plain decode, unless none has come for MAX_PLAIN_UNFITTED in a row
+        (prefills between every two decodes)."""
         self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
         self.stats.t_spec_ms = self.t_spec_ms
-        self.plain_latency.observe((num_requests, context_tokens), latency_ms)
         self._last_verify_ms = None
+        self._plain_unfitted += 1
+        if steady or self._plain_unfitted >= MAX_PLAIN_UNFITTED:
+            self.plain_latency.observe((num_requests, context_tokens), latency_ms)
+            self._plain_unfitted = 0
 
     def observe_outcome(
         self, rids: tuple[str, ...], verified: torch.Tensor, accepted: torch.Tensor

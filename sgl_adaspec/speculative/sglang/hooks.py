@@ -66,6 +66,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
             return original(worker, batch, *args, **kwargs)
     num_requests = len(batch.reqs)
     sync = runtime().tp_sync
+    after_prefill = clock.last_decode_end_s is None
     start = clock.cycle_start(clock.now())
     with iteration_scope() as scope:
         if sync.leads:
@@ -97,7 +98,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         depth, width = scope.draft_ran
         policy.stats.observe_draft(depth, width, (depth - 1) * num_requests * width)
     if scope.verify_ms is not None:
-        policy.observe(_outcome(batch, scope, iteration_ms))
+        policy.observe(_outcome(batch, scope, iteration_ms, after_prefill))
     report_to_dispatcher(policy)
     return result
 
@@ -121,7 +122,7 @@ def plain_decode(worker):
         worker.speculative_num_steps, worker.speculative_num_draft_tokens = saved
 
 
-def _outcome(batch, scope: Iteration, iteration_ms: float) -> Outcome:
+def _outcome(batch, scope: Iteration, iteration_ms: float, after_prefill: bool) -> Outcome:
     reqs = batch.reqs
     context_tokens = sum(len(req.origin_input_ids) + len(req.output_ids) for req in reqs)
     return make_outcome(
@@ -134,6 +135,7 @@ def _outcome(batch, scope: Iteration, iteration_ms: float) -> Outcome:
         iteration_ms=iteration_ms,
         early_exit=scope.early_exit_counts,
         deepest_accepted=scope.deepest_accepted,
+        after_prefill=after_prefill,
     )
 
 
