@@ -92,18 +92,22 @@ def test_workload_at_another_rate_is_the_same_trace_rescaled():
     assert (slow.output_tokens == fast.output_tokens).all()
 
 
-def test_burst_at_time_zero_speculation_slower_without_acceptance_per_request():
-    """All requests arrive together: every policy decodes the same batch, so with zero
-    acceptance each request's TPOT is the mean iteration time, never below no speculation's."""
-    n = 16
-    workload = WorkloadArrays(
+def _burst(n: int, prompt: int, output: int, tpot_slo_ms: float) -> WorkloadArrays:
+    """n requests arriving at time 0, the classes in turn, all of one shape."""
+    return WorkloadArrays(
         ("coding", "chat", "summarization"),
         arrival_s=np.zeros(n),
         class_index=np.arange(n) % 3,
-        prompt_tokens=np.full(n, 100),
-        output_tokens=np.full(n, 50),
-        tpot_slo_ms=np.full(n, 40.0),
+        prompt_tokens=np.full(n, prompt),
+        output_tokens=np.full(n, output),
+        tpot_slo_ms=np.full(n, tpot_slo_ms),
     )
+
+
+def test_burst_at_time_zero_speculation_slower_without_acceptance_per_request():
+    """All requests arrive together: every policy decodes the same batch, so with zero
+    acceptance each request's TPOT is the mean iteration time, never below no speculation's."""
+    workload = _burst(16, prompt=100, output=50, tpot_slo_ms=40.0)
     plain = _run("a100x4-llama70b", workload, "none", zero_acceptance())
     for policy in SPECULATIVE:
         spec = _run("a100x4-llama70b", workload, policy, zero_acceptance())
@@ -147,15 +151,7 @@ def test_a_draft_after_a_plain_iteration_runs_on_stale_state():
     """As SGLang's steps-0 path (draft extend skipped, top-k zeroed): the first draft after a
     plain iteration has path probability 0 and accepts nothing; the next one is whole again."""
     certain = SYNTHETIC_DEFAULT.with_calibration("always", (0.0, 1.0), (1.0, 1.0))
-    n = 4
-    workload = WorkloadArrays(
-        ("coding", "chat", "summarization"),
-        arrival_s=np.zeros(n),
-        class_index=np.arange(n) % 3,
-        prompt_tokens=np.full(n, 10),
-        output_tokens=np.full(n, 40),
-        tpot_slo_ms=np.full(n, np.nan),
-    )
+    workload = _burst(4, prompt=10, output=40, tpot_slo_ms=np.nan)
     policy = _PlainThenTwoChains()
     latency = get_preset("h100-llama8b")
     simulate(workload, latency, certain, policy, 0, EngineConfig())

@@ -342,11 +342,12 @@ def test_adaserve_measures_a_plain_decode_at_each_new_load():
 
 
 def test_a_plain_decode_is_priced_among_plain_ones():
-    """The first plain iteration after a prefill or after speculation pays SGLang's switch;
-    a stand-down pays it once, so it is no plain decode's price, unless nothing steadier comes
-    (prefills between every two decodes)."""
+    """The first plain iteration after a prefill, after speculation or after requests finished
+    pays a switch or a release once; a stand-down does not pay it per iteration, so it is no
+    plain decode's price, unless nothing steadier comes (prefills between every two decodes)."""
     policy = AdaservePolicy(AdaserveConfig())
-    feed(policy, verify_ms=90.0, iteration_ms=100.0, accepted=1, after_prefill=True)
+    feed(policy, verify_ms=90.0, iteration_ms=100.0, accepted=1, requests=2, after_prefill=True)
+    feed(policy, verify_ms=9.0, iteration_ms=40.0, accepted=1)  # one of the two finished
     feed(policy, verify_ms=9.0, iteration_ms=10.0, accepted=1)
     assert policy.plain_latency.num_observations == 1
     assert policy.plain_latency.predict((1, 10)) == pytest.approx(10.0)

@@ -211,8 +211,8 @@ class PolicyBase:
     # Maps the draft's path probability to the acceptance the target shows (learned online).
     acceptance: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
     _last_verify_ms: float | None = field(default=None, repr=False)
-    # Whether the last iteration ran plain; plain ones in a row since one was fitted.
-    _previous_plain: bool = field(default=False, repr=False)
+    # Requests of the last iteration if it ran plain, else 0; plain ones since one was fitted.
+    _previous_plain: int = field(default=0, repr=False)
     _plain_unfitted: int = field(default=0, repr=False)
     _last_verified_tokens: int = field(default=1, repr=False)
 
@@ -252,14 +252,15 @@ class PolicyBase:
                 outcome.iteration_ms, outcome.draft_steps, len(outcome.rids), outcome.draft_width
             )
         else:
-            # A plain decode's price is a plain decode's among plain ones: the first after a
-            # prefill or after speculation also pays SGLang's switch (2-3x a steady one on the
-            # tiny bigram pair), which a stand-down pays once, not per iteration.
-            steady = self._previous_plain and not outcome.after_prefill
+            # A plain decode's price is a plain decode's among plain ones of the same batch: the
+            # first after a prefill or after speculation also pays SGLang's switch (2-3x a
+            # steady one on the tiny bigram pair), and the first after requests finished pays
+            # their release (~1.6x on SmolLM2), once each, not per iteration.
+            steady = self._previous_plain == len(outcome.rids) and not outcome.after_prefill
             self.observe_plain_iteration(
                 outcome.iteration_ms, len(outcome.rids), outcome.context_tokens, steady
             )
-        self._previous_plain = not outcome.speculated
+        self._previous_plain = 0 if outcome.speculated else len(outcome.rids)
 
     def draft_is_stale(self) -> bool:
         """Whether this iteration's draft ran on stale state (after iterations without
