@@ -12,8 +12,9 @@ overlap scheduling):
   request commits accepted + 1 (bonus) tokens, cut at its output length, and the clock advances
   by the draft forwards plus the verify pass;
 - a plain iteration (a policy's depth 0) leaves its requests' draft state stale, as SGLang's
-  steps-0 path does (it skips the draft extend and zeroes the draft's top-k): their next
-  draft's path probabilities are 0 and it accepts nothing.
+  steps-0 path does with the draft extend skipped, as the plugin runs it (zeroed top-k): their
+  next draft's path probabilities are 0 and it accepts nothing (not after SGLang's own
+  adaptive steps 0, which keeps the extend: `Decision.warm_draft`).
 
 SLO accounting (as the server's `speculative/sglang/`): a request's decode clock starts at the
 start of its first decode iteration; TPOT = (finish - decode start) / (output tokens - 1), the
@@ -298,7 +299,7 @@ def _decode_iteration(
         accepted, deepest = np.zeros(running.size, dtype=np.int64), None
     else:
         accepted, deepest = accept_walk(decision.trees, decision.selected, rng)
-    result.draft_stale[running] = decision.trees is None
+    result.draft_stale[running] = decision.trees is None and not decision.warm_draft
     context = int(context_lens.sum())
     draft_ms = sum(latency.draft_step_ms(t, context) for t in decision.draft_forward_tokens)
     verified = int(decision.verified.sum())

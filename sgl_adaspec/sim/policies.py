@@ -20,7 +20,7 @@ selection itself is the server's code: `select_static` for SGLang's EAGLE-2 tree
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -45,7 +45,9 @@ class Decision:
     - trees / selected [B, N] bool: candidate trees and the nodes sent to verification (None
       without speculation);
     - verified [B] int64: tokens each request verifies, root included;
-    - depth, width, budget: the shape drafted and the budget applied (for statistics)."""
+    - depth, width, budget: the shape drafted and the budget applied (for statistics);
+    - warm_draft: without speculation, the draft extend still ran (SGLang's own adaptive steps
+      0 does; the plugin's plain iterations skip it, which leaves the draft stale: engine.py)."""
 
     draft_forward_tokens: tuple[int, ...]
     trees: SampledTrees | None
@@ -54,6 +56,7 @@ class Decision:
     depth: int = 0
     width: int = 0
     budget: int | None = None
+    warm_draft: bool = False
 
 
 class SimPolicy(Protocol):
@@ -190,8 +193,8 @@ class AdaptiveSteps:
     def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
         num_requests = slo.num_requests
         steps = self.tier(num_requests).steps
-        if steps == 0:
-            return _plain(num_requests)
+        if steps == 0:  # its draft extend still runs ("keeping draft KV warm")
+            return replace(_plain(num_requests), warm_draft=True)
         trees = draft(steps, 1)
         selected = np.ones(trees.parents.shape, dtype=bool)  # the whole chain is verified
         verified = np.full(num_requests, steps + 1, dtype=np.int64)

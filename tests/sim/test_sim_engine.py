@@ -130,6 +130,7 @@ class _PlainThenTwoChains:
 
     name: str = "plain-then-chains"
     speculates: bool = True
+    warm_draft: bool = False  # its plain iterations keep the draft extend
     iteration: int = 0
     seen: list = field(default_factory=list)  # (path probabilities [B, 2], accepted [B])
 
@@ -137,7 +138,8 @@ class _PlainThenTwoChains:
         self.iteration += 1
         n = slo.num_requests
         if self.iteration % 3 == 1:
-            return Decision((), None, None, np.ones(n, dtype=np.int64))
+            plain = np.ones(n, dtype=np.int64)
+            return Decision((), None, None, plain, warm_draft=self.warm_draft)
         trees = draft(2, 1)
         self.seen.append([trees.path_prob.copy(), None])
         return Decision((n, n), trees, np.ones((n, 2), dtype=bool), np.full(n, 3), 2, 1)
@@ -161,3 +163,7 @@ def test_a_draft_after_a_plain_iteration_runs_on_stale_state():
         assert (path_prob == 0).all() and (accepted == 0).all()
     for path_prob, accepted in after_draft:
         assert (path_prob > 0).all() and (accepted == 2).all()
+    # SGLang's own adaptive steps 0 keeps the draft extend: nothing is stale after it.
+    warm = _PlainThenTwoChains(warm_draft=True)
+    simulate(workload, latency, certain, warm, 0, EngineConfig())
+    assert all((accepted == 2).all() for _, accepted in warm.seen)
