@@ -311,11 +311,9 @@ class AdaservePolicy(PolicyBase):
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
         plain_ms = self.plain_latency.predict((slo.num_requests, self._context_tokens))
         margin = self.config.switch_margin if self._plain_run > 0 else 0.0
-        # The gain and the calibration learn from every speculative iteration but move slowly
-        # (decayed over ~50): a plan follows them every PLAN_REUSE of their updates.
         key = (
-            verify.version, self.draft_latency.version, self.gain.version // PLAN_REUSE,
-            self.acceptance.version // PLAN_REUSE, self.plain_latency.version,
+            verify.version, self.draft_latency.version, self.gain.version,
+            self.acceptance.version, self.plain_latency.version,
             int(8 * math.log2(1 + self._context_tokens)),
             tuple(slo.tpot_slo_ms.nan_to_num(-1.0).tolist()), margin,
         )  # fmt: skip
