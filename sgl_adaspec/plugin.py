@@ -28,6 +28,11 @@ def register() -> None:
         _validate_request_slo,
         HookType.AFTER,
     )
+    HookRegistry.register(
+        "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.handle_request",
+        _slo_from_openai_metadata,
+        HookType.AROUND,
+    )
     cpu_hooks.register(HookRegistry, HookType)
     spec_hooks.register(HookRegistry, HookType)
     scheduler_adapter.register(HookRegistry, HookType)
@@ -40,3 +45,19 @@ def _validate_request_slo(_result, sampling_params, *args, **kwargs) -> None:
     from sgl_adaspec.scheduler.request_slo import parse_request_slo
 
     parse_request_slo(sampling_params.custom_params, AdaspecConfig.from_env().load_slo_config())
+
+
+async def _slo_from_openai_metadata(original, serving, request, raw_request, *args, **kwargs):
+    """AROUND `OpenAIServingBase.handle_request`: a request without `custom_params` takes its
+    SLO fields from OpenAI's `metadata` object, which SGLang's request models do not declare
+    (so it is read from the body FastAPI already parsed and cached)."""
+    from sgl_adaspec.scheduler.request_slo import slo_params_of_metadata
+
+    if hasattr(request, "custom_params") and request.custom_params is None and raw_request:
+        try:
+            body = await raw_request.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            request.custom_params = slo_params_of_metadata(body.get("metadata"))
+    return await original(serving, request, raw_request, *args, **kwargs)

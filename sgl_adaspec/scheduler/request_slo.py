@@ -7,6 +7,9 @@ top-level `custom_params` on the OpenAI-compatible endpoints, `extra_body` in th
 - `ttft_slo_ms` (optional, with either or neither): the time-to-first-token target in ms, used
   by SLO-aware admission.
 Giving both `tpot_slo_ms` and `slo_class` is accepted only when the class is absolute and states the same target.
+On the OpenAI-compatible endpoints the same fields may come in OpenAI's `metadata` object
+(string values, as OpenAI's API has them) when `custom_params` is absent: `sglang-router`
+forwards `metadata` on chat requests where it drops `custom_params` (docs/parallel.md).
 A ValueError raised here becomes SGLang's HTTP 400 (or the Engine's exception).
 """
 
@@ -43,6 +46,24 @@ class RequestSlo:
         if self.baseline_multiple is not None and baseline_tpot_ms is not None:
             return self.baseline_multiple * baseline_tpot_ms
         return None
+
+
+def slo_params_of_metadata(metadata) -> dict | None:
+    """The SLO fields of an OpenAI `metadata` object as `custom_params`, numbers parsed from
+    their text; None when it names none. A value that is not a number is kept as given, so
+    `parse_request_slo` rejects it naming the field."""
+    if not isinstance(metadata, dict):
+        return None
+    params = {
+        key: metadata[key] for key in (TPOT_FIELD, CLASS_FIELD, TTFT_FIELD) if key in metadata
+    }
+    for key in (TPOT_FIELD, TTFT_FIELD):
+        if isinstance(params.get(key), str):
+            try:
+                params[key] = float(params[key])
+            except ValueError:
+                pass
+    return params or None
 
 
 def parse_request_slo(custom_params, config: SloConfig) -> RequestSlo:

@@ -167,5 +167,25 @@ class SpecStats:
         }
 
 
+def replicas_total(replica_stats: list[dict]) -> dict:
+    """The server's total over data-parallel replicas, from each replica's `SpecStats.as_dict()`:
+    iterations and finished requests summed, per-class attainment and mean TPOT recomputed over
+    all of the class's requests."""
+    classes: dict[str, ClassStats] = {}
+    for stats in replica_stats:
+        for name, c in stats["classes"].items():
+            total = classes.setdefault(name, ClassStats())
+            total.finished += c["finished"]
+            total.met += c["met"]
+            total.infeasible += c["infeasible"]
+            total.tpot_ms_sum += (c["mean_tpot_ms"] or 0.0) * c["finished"]
+    return {
+        "replicas": len(replica_stats),
+        "iterations": sum(s["iterations"] for s in replica_stats),
+        "plain_iterations": sum(s["plain_iterations"] for s in replica_stats),
+        "classes": {name: c.as_dict() for name, c in sorted(classes.items())},
+    }
+
+
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None

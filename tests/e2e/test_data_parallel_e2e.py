@@ -64,6 +64,13 @@ def test_two_replicas_dispatched_by_slo(models, tmp_path_factory, bigram_pair_re
     assert sum(f.get("custom", 0) for f in finished) == 6
     assert sum(f.get("best_effort", 0) for f in finished) >= 3
     assert all(sum(f.values()) > 0 for f in finished), finished  # both replicas served
+    # The server's total, the same on every replica's entry.
+    totals = [state["adaspec_total"] for state in info["internal_states"]]
+    assert totals[0] == totals[1] and totals[0]["replicas"] == 2
+    for slo_class in ("custom", "best_effort"):
+        assert totals[0]["classes"][slo_class]["finished"] == sum(
+            f.get(slo_class, 0) for f in finished
+        )
     # Prometheus: one series per replica (internal_states come in no set order).
     for slo_class in ("custom", "best_effort"):
         series = [

@@ -18,7 +18,7 @@ BAD = [
 ]
 
 
-def post(server, api: str, custom_params) -> requests.Response:
+def post(server, api: str, custom_params, metadata: dict | None = None) -> requests.Response:
     if api == "generate":
         body = {
             "text": "def f(x):",
@@ -28,6 +28,8 @@ def post(server, api: str, custom_params) -> requests.Response:
         }  # fmt: skip
         return requests.post(f"{server.url}/generate", json=body, timeout=120)
     body = {"model": "default", "max_tokens": 4, "temperature": 0, "custom_params": custom_params}
+    if metadata is not None:
+        body["metadata"] = metadata
     if api == "completions":
         body["prompt"] = "def f(x):"
     else:
@@ -52,6 +54,24 @@ def test_bad_slo_is_rejected_with_400_naming_the_field(eagle_server, api, params
     assert message in response.text
     # The server keeps serving.
     assert post(eagle_server, api, {"tpot_slo_ms": 40}).status_code == 200
+
+
+def finished_in_class(server, slo_class: str) -> int:
+    state = requests.get(f"{server.url}/server_info", timeout=60).json()["internal_states"][0]
+    return state["adaspec"]["stats"]["classes"].get(slo_class, {}).get("finished", 0)
+
+
+@pytest.mark.parametrize("api", ["completions", "chat/completions"])
+def test_slo_in_openai_metadata(eagle_server, api):
+    """OpenAI's `metadata` object (string values) carries the SLO when `custom_params` is
+    absent: the request is served in its class, and a bad value gets 400 naming the field."""
+    before = finished_in_class(eagle_server, "chat")
+    response = post(eagle_server, api, None, metadata={"slo_class": "chat", "user": "7"})
+    assert response.status_code == 200, response.text
+    assert finished_in_class(eagle_server, "chat") == before + 1
+    response = post(eagle_server, api, None, metadata={"tpot_slo_ms": "fast"})
+    assert response.status_code == 400 and "tpot_slo_ms must be a number" in response.text
+    assert post(eagle_server, api, None, metadata={"tpot_slo_ms": "40"}).status_code == 200
 
 
 def test_malformed_slo_config_fails_startup_with_file_and_line(tmp_path):

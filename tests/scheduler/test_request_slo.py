@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo
+from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo, slo_params_of_metadata
 from sgl_adaspec.scheduler.slo_config import BEST_EFFORT, SloClass, SloConfig
 
 CONFIG = SloConfig(
@@ -62,3 +62,26 @@ def test_ttft_slo_is_parsed_and_validated():
     for bad, message in [(-1, "ttft_slo_ms must be > 0"), ("soon", "ttft_slo_ms must be a number")]:
         with pytest.raises(ValueError, match=message):
             parse_request_slo({"ttft_slo_ms": bad}, CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        (None, None),
+        ("chat", None),
+        ({"user_id": "7"}, None),
+        ({"tpot_slo_ms": "25", "user_id": "7"}, {"tpot_slo_ms": 25.0}),
+        ({"slo_class": "chat", "ttft_slo_ms": "500"}, {"slo_class": "chat", "ttft_slo_ms": 500.0}),
+        ({"tpot_slo_ms": "fast"}, {"tpot_slo_ms": "fast"}),  # kept, so the check names it
+    ],
+)
+def test_openai_metadata_carries_the_slo_fields(metadata, expected):
+    assert slo_params_of_metadata(metadata) == expected
+
+
+def test_slo_from_metadata_is_checked_as_custom_params():
+    assert (
+        parse_request_slo(slo_params_of_metadata({"tpot_slo_ms": "25"}), CONFIG).tpot_slo_ms == 25
+    )
+    with pytest.raises(ValueError, match="tpot_slo_ms must be a number"):
+        parse_request_slo(slo_params_of_metadata({"tpot_slo_ms": "fast"}), CONFIG)

@@ -118,6 +118,25 @@ def test_stats_report_verified_tokens_per_request():
     assert stats.as_dict()["accepted_tokens_per_verify"] == pytest.approx(7 / 3)
 
 
+def test_replicas_total_sums_counts_and_recomputes_attainment_and_mean_tpot():
+    from sgl_adaspec.speculative.stats import SpecStats, replicas_total
+
+    a, b = SpecStats(), SpecStats()
+    a.observe_finished("chat", tpot_ms=40.0, tpot_slo_ms=50.0)
+    a.observe_finished("chat", tpot_ms=60.0, tpot_slo_ms=50.0)
+    b.observe_finished("chat", tpot_ms=20.0, tpot_slo_ms=50.0)
+    b.observe_finished("coding", tpot_ms=10.0, tpot_slo_ms=5.0, infeasible=True)
+    a.observe_plain(2)
+    b.observe_iteration([3], [2], budget=8, depth=2, width=1)
+    total = replicas_total([a.as_dict(), b.as_dict()])
+    assert total["replicas"] == 2 and total["iterations"] == 1 and total["plain_iterations"] == 1
+    chat, coding = total["classes"]["chat"], total["classes"]["coding"]
+    assert (chat["finished"], chat["met"]) == (3, 2)
+    assert chat["attainment"] == pytest.approx(2 / 3)
+    assert chat["mean_tpot_ms"] == pytest.approx(40.0)  # (40 + 60 + 20) / 3, not (50 + 20) / 2
+    assert (coding["finished"], coding["met"], coding["infeasible"]) == (1, 0, 1)
+
+
 def test_linear_latency_predicts_many_points_like_one_at_a_time():
     model = LinearLatency(num_features=2)
     for tokens, context, ms in ((8, 0, 6.0), (16, 500, 9.0), (64, 100, 20.0), (32, 900, 14.0)):

@@ -31,6 +31,7 @@ from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteratio
 from sgl_adaspec.speculative.sglang.runtime import (
     add_internal_state,
     current_policy,
+    internal_states_with_total,
     report_to_dispatcher,
     runtime,
     scheduler_started,
@@ -314,6 +315,11 @@ def register(registry, hook_type) -> None:
         "SchedulerInternalStateController._add_speculative",
         add_internal_state,
         hook_type.AFTER,
+    )
+    registry.register(
+        "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.get_internal_state",
+        internal_states_with_total,
+        around,
     )
     worker = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
     registry.register(

@@ -14,6 +14,7 @@ from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.base import PolicyBase
 from sgl_adaspec.speculative.sglang.tp_sync import TpSync, clock_rate, tp_sync_of_scheduler
+from sgl_adaspec.speculative.stats import replicas_total
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +194,21 @@ def add_internal_state(_result, controller, state: dict) -> None:
         # on each call unlike the periodically published `sglang:num_used_tokens`.
         "kv_tokens_used": int(pool_stats.full_num_used),
     }
+
+
+async def internal_states_with_total(original, tokenizer_manager) -> list[dict]:
+    """AROUND `TokenizerManager.get_internal_state` (one state per data-parallel replica):
+    under `--dp N` each replica's entry also carries the server's total over all replicas,
+    `adaspec_total` (`stats.replicas_total`), so a reader need not know the replicas' order."""
+    states = await original(tokenizer_manager)
+    replica_stats = [
+        s["adaspec"]["stats"] for s in states if (s.get("adaspec") or {}).get("stats") is not None
+    ]
+    if len(replica_stats) > 1:
+        total = replicas_total(replica_stats)
+        for state in states:
+            state["adaspec_total"] = total
+    return states
 
 
 _WARNED: set[str] = set()
