@@ -235,7 +235,12 @@ def controller_started(_result, controller, *args, **kwargs) -> None:
     if AdaspecConfig.from_env().slo_dispatch != "on":
         return
     controller.dispatching = SloDispatcher(controller)
-    logger.info("sgl_adaspec: DP dispatch by SLO across %d replicas", len(controller.workers))
+    replaced = getattr(controller.load_balance_method, "name", controller.load_balance_method)
+    logger.info(
+        "sgl_adaspec: DP dispatch by SLO across %d replicas (in place of --load-balance-method %s)",
+        len(controller.workers),
+        str(replaced).lower(),
+    )
 
 
 # With --sleep-on-idle the controller wakes at least this often to feed its watchdog.
