@@ -20,7 +20,7 @@ selection itself is the server's code: `select_static` for SGLang's EAGLE-2 tree
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -88,8 +88,11 @@ def _beam_forwards(num_requests: int, depth: int, width: int) -> tuple[int, ...]
     return (num_requests,) + (num_requests * width,) * (depth - 1)
 
 
-def _plain(num_requests: int) -> Decision:
-    return Decision((), None, None, np.ones(num_requests, dtype=np.int64))
+def _plain(num_requests: int, warm: bool = False) -> Decision:
+    """A plain iteration; `warm`: the draft extend still runs, one draft forward over the
+    requests' new tokens (priced as a draft step), and keeps the draft's state."""
+    forwards = (num_requests,) if warm else ()
+    return Decision(forwards, None, None, np.ones(num_requests, dtype=np.int64), warm_draft=warm)
 
 
 @dataclass
@@ -194,7 +197,7 @@ class AdaptiveSteps:
         num_requests = slo.num_requests
         steps = self.tier(num_requests).steps
         if steps == 0:  # its draft extend still runs ("keeping draft KV warm")
-            return replace(_plain(num_requests), warm_draft=True)
+            return _plain(num_requests, warm=True)
         trees = draft(steps, 1)
         selected = np.ones(trees.parents.shape, dtype=bool)  # the whole chain is verified
         verified = np.full(num_requests, steps + 1, dtype=np.int64)
@@ -258,7 +261,7 @@ class ServerPolicy:
         depth, width = self.policy.draft_shape(num_requests, self.depth, self.width, slo)
         self._pending = (None, None, rids, int(context_lens.sum()))
         if depth == 0:
-            return _plain(num_requests)
+            return _plain(num_requests, warm=self.policy.keep_draft_warm())
         if not self.planned_shape:
             depth, width = self.depth, self.width
         trees = draft(depth, width)
@@ -284,7 +287,7 @@ class ServerPolicy:
     ) -> None:
         it, server_decision, rids, context = self._pending
         if server_decision is None:
-            self.policy.stats.observe_plain(len(rids))
+            self.policy.stats.observe_plain(len(rids), decision.warm_draft)
         outcome = make_outcome(
             it,
             server_decision,
@@ -295,6 +298,7 @@ class ServerPolicy:
             iteration_ms=latency_ms,
             deepest_accepted=None if deepest is None else torch.from_numpy(deepest),
             after_prefill=after_prefill,
+            draft_kept=decision.warm_draft,
         )
         self.policy.observe(outcome)
 

@@ -269,6 +269,36 @@ def plan_shape(
     return choice
 
 
+def speculation_pays_alone(
+    *,
+    gain: ShapeGain,
+    context_tokens: int,
+    verify_ms: LatencyFn,
+    draft_ms: LatencyFn,
+    plain_ms: float | None,
+) -> bool:
+    """Whether some shape commits more tokens per ms than a plain decode for one request
+    alone, the lightest load a batch can return to (context_tokens: that request's context;
+    plain_ms: a plain decode's price at one request). What a stand-down does with the draft
+    follows from it: where speculation pays at some load, a stand-down keeps the draft's state
+    (SGLang's draft extend) so speculation can resume from it; where it pays at none, the
+    extend would be paid for nothing. True while a model has no observation yet (the gain is
+    still to be learned, from a draft whose state was kept)."""
+    if gain.table is None or plain_ms is None or plain_ms <= 0:
+        return True
+    k = torch.arange(gain.max_nodes + 1, dtype=torch.float64)  # [K]
+    depth = torch.tensor([d for d, _ in gain.shapes], dtype=torch.float64).unsqueeze(1)
+    width = torch.tensor([w for _, w in gain.shapes], dtype=torch.float64).unsqueeze(1)
+    verify = verify_ms(1 + k, context_tokens)  # [K]
+    draft = draft_ms(depth, draft_rows(depth, width, 1))  # [S, 1]
+    if verify is None or draft is None:
+        return True
+    rate = (1.0 + gain.table) / (verify.unsqueeze(0) + draft).clamp(min=1e-9)  # [S, K]
+    rate[:, 0] = 0.0  # a draft with nothing verified is never better than a plain decode
+    rate[~gain.reached] = 0.0
+    return bool(rate.max() > 1.0 / plain_ms)
+
+
 def _counted(
     expected: torch.Tensor, iteration_ms: torch.Tensor, group: SloBatch, surplus_weight: float
 ) -> torch.Tensor:

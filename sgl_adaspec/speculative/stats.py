@@ -48,8 +48,10 @@ class SpecStats:
     exit_tested_tokens: int = 0
     exited_tokens: int = 0
     exit_test_ms: float = 0.0
-    # Iterations run without speculation (the cost model found no tree worth its price).
+    # Iterations run without speculation (the cost model found no tree worth its price), and
+    # those of them that kept the draft's state (its extend ran: `PolicyBase.keep_draft_warm`).
     plain_iterations: int = 0
+    warm_plain_iterations: int = 0
     # Accepted draft tokens per verify (bonus excluded): predicted by the raw path
     # probabilities, by the calibrated ones, and observed; decayed sums (weight 0.98 per
     # iteration), so the ratios describe the recent past, after warm-up.
@@ -96,8 +98,9 @@ class SpecStats:
         for sink in self.sinks:
             sink.observe_calibration(raw, calibrated, observed)
 
-    def observe_plain(self, num_requests: int) -> None:
+    def observe_plain(self, num_requests: int, warm: bool = False) -> None:
         self.plain_iterations += 1
+        self.warm_plain_iterations += warm
         for sink in self.sinks:
             sink.observe_plain(num_requests)
 
@@ -153,6 +156,7 @@ class SpecStats:
                 else None
             ),
             "plain_iterations": self.plain_iterations,
+            "warm_plain_iterations": self.warm_plain_iterations,
             # predicted / observed accepted draft tokens; 1.0 = calibrated (None: no data yet).
             "acceptance_predicted_over_observed": _ratio(self.predicted_raw, self.observed_accepted),
             "acceptance_calibrated_over_observed": _ratio(

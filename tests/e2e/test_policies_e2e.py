@@ -91,15 +91,17 @@ def test_adaserve_stands_down_where_speculation_does_not_pay(
     assert stats["classes"]["chat"]["finished"] == 1
     assert stats["last_plan"]["speculate"] is False
     assert stats["last_plan"]["plain_tokens_per_ms"] >= stats["last_plan"]["tokens_per_ms"]
+    # Once the draft is known to pay at no load, a stand-down skips the draft extend.
+    assert stats["warm_plain_iterations"] < stats["plain_iterations"]
 
 
 def test_adaserve_commits_drafts_where_the_draft_is_right(
     models, tmp_path_factory, bigram_pair_reference
 ):
     # The bigram draft is always right: its speculative iterations commit several tokens, and
-    # the calibration sees the draft's path probabilities understate that. (On this CPU a
-    # tiny model's plain decode is still cheaper than a draft plus verify, so the cost rule
-    # mostly stands down here too; the outputs stay token-identical across the switches.)
+    # the calibration sees the draft's path probabilities understate that. Its plain
+    # iterations keep the draft's state (SGLang's steps-0 runtime state with the draft extend),
+    # at least until the gain is known; the outputs stay token-identical across the switches.
     outputs, state = run_policy(
         tmp_path_factory, models.bigram_target, models.bigram_eagle_draft, ("adaserve",)
     )
@@ -107,3 +109,4 @@ def test_adaserve_commits_drafts_where_the_draft_is_right(
     stats = state["stats"]
     assert stats["iterations"] > 0 and stats["accepted_tokens_per_verify"] > 1.5
     assert stats["acceptance_predicted_over_observed"] < 1.0
+    assert stats["warm_plain_iterations"] > 0

@@ -12,7 +12,12 @@ from policy_inputs import iteration_input
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.cost_rule import ShapeGain, cost_budget, plan_shape
+from sgl_adaspec.speculative.cost_rule import (
+    ShapeGain,
+    cost_budget,
+    plan_shape,
+    speculation_pays_alone,
+)
 from sgl_adaspec.speculative.policies.adaserve import (
     FIRST_REMEASURE,
     REMEASURE_PLAIN,
@@ -82,6 +87,16 @@ def plan(gain, requests, verify, draft=free_draft, **kw):
         slo=kw.pop("batch", None) or slo([math.nan] * requests), context_tokens=0, gain=gain,
         verify_ms=verify, draft_ms=draft, plain_ms=plain_ms, **kw,
     )  # fmt: skip
+
+
+def drafted(policy, num_requests, steps, topk, slo_batch):
+    """The policy's draft shape as the server adapter asks it: a plain one (depth 0) is then
+    asked whether it keeps the draft's state, and goes stale where not (as the observe of that
+    iteration's outcome would record; these tests feed no outcome)."""
+    shape = policy.draft_shape(num_requests, steps, topk, slo_batch)
+    if shape[0] == 0 and not policy.keep_draft_warm():
+        policy._stale = True
+    return shape
 
 
 def test_shape_gain_reads_every_smaller_shape_from_one_draft():
@@ -245,12 +260,13 @@ def feed(
     accepted: int,
     requests: int = 1,
     after_prefill: bool = False,
+    draft_kept: bool = False,
 ) -> None:
     """One plain iteration (no decision: verified 1 token each) of `requests` requests."""
     outcome = make_outcome(
         None, None, rids=tuple(f"r{i}" for i in range(requests)), context_tokens=10 * requests,
         accepted=torch.full((requests,), accepted), verify_ms=verify_ms, iteration_ms=iteration_ms,
-        after_prefill=after_prefill,
+        after_prefill=after_prefill, draft_kept=draft_kept,
     )  # fmt: skip
     policy.observe(outcome)
 
@@ -262,9 +278,9 @@ def test_adaserve_stands_down_then_probes():
     policy.verify_latency.seed([((1, 10), 10.0), ((8, 10), 80.0)])
     policy.plain_latency.seed([((1, 10), 10.0)])
     policy.gain = flat_gain(0.5, 4, 2)
-    assert policy.draft_shape(1, 4, 2, one) == (4, 2)  # no draft cost measured: the full shape
+    assert drafted(policy, 1, 4, 2, one) == (4, 2)  # no draft cost measured: the full shape
     policy.draft_latency.seed([((1, 1), 2.0), ((4, 7), 8.0)])
-    shapes = [policy.draft_shape(1, 4, 2, one) for _ in range(9)]
+    shapes = [drafted(policy, 1, 4, 2, one) for _ in range(9)]
     # 3 plain iterations, a probe (a cold depth-1 chain, then a full draft), plain again.
     assert [d for d, _ in shapes[:3]] == [0, 0, 0]
     assert shapes[3] == (1, 1) and shapes[4] == (4, 2)
@@ -288,11 +304,11 @@ def test_adaserve_probes_only_when_no_request_on_track_would_lose_its_slo():
     policy = standing_down_policy(probe_interval=2)
     cost = 2 * (policy._cost_plan(tight).iteration_ms - policy._cost_plan(tight).plain_ms)
     assert cost > 30.0  # a probe would put the first off its track
-    assert [policy.draft_shape(2, 4, 2, tight)[0] for _ in range(6)] == [0] * 6
+    assert [drafted(policy, 2, 4, 2, tight)[0] for _ in range(6)] == [0] * 6
     assert policy._plain_run >= policy._probe_every  # the probe was due, and deferred
     # With the slack to pay for it (and the other still behind: it does not block), it probes.
     roomy = slo([12.0, 12.0], elapsed_ms=[1200.0 - cost - 1.0, 1300.0], tokens=[100.0, 100.0])
-    assert policy.draft_shape(2, 4, 2, roomy) == (1, 1)  # the probe's cold chain
+    assert drafted(policy, 2, 4, 2, roomy) == (1, 1)  # the probe's cold chain
 
 
 def speculating_policy(config: AdaserveConfig) -> AdaservePolicy:
@@ -310,13 +326,13 @@ def speculating_policy(config: AdaserveConfig) -> AdaservePolicy:
 
 def test_adaserve_explores_the_full_shape_and_a_one_step_chain():
     policy = speculating_policy(AdaserveConfig(explore_interval=3))
-    shapes = [policy.draft_shape(1, 4, 2, slo([math.nan])) for _ in range(6)]
+    shapes = [drafted(policy, 1, 4, 2, slo([math.nan])) for _ in range(6)]
     assert shapes == [(2, 1)] * 2 + [(4, 2)] + [(2, 1)] * 2 + [(1, 1)]
 
 
 def test_adaserve_remeasures_a_plain_decode_while_speculating():
     policy = speculating_policy(AdaserveConfig(explore_interval=1000))
-    shapes = [policy.draft_shape(1, 4, 2, slo([math.nan])) for _ in range(4 * REMEASURE_PLAIN)]
+    shapes = [drafted(policy, 1, 4, 2, slo([math.nan])) for _ in range(4 * REMEASURE_PLAIN)]
     plain_at = [i for i, (depth, _) in enumerate(shapes) if depth == 0]
     # Two plain iterations in a row each time: only the second is a steady price.
     starts = plain_at[::REMEASURE_RUN]
@@ -326,19 +342,28 @@ def test_adaserve_remeasures_a_plain_decode_while_speculating():
     gaps = [b - a - REMEASURE_RUN + 1 for a, b in zip([-REMEASURE_RUN, *starts], starts)]
     assert gaps[0] == FIRST_REMEASURE
     assert gaps == sorted(gaps) and gaps[-1] == REMEASURE_PLAIN
-    assert all(shapes[i + REMEASURE_RUN] == (1, 1) for i in starts)  # a chain warms the draft
+    # Speculation pays here, so a re-measurement keeps the draft's state: the plan resumes.
+    assert all(shapes[i + REMEASURE_RUN] == (2, 1) for i in starts)
 
 
 def test_adaserve_measures_a_plain_decode_at_each_new_load():
     policy = speculating_policy(AdaserveConfig(explore_interval=1000))  # plain measured at n=1
-    assert policy.draft_shape(1, 4, 2, slo([math.nan])) == (2, 1)
-    assert policy.draft_shape(3, 4, 2, slo([math.nan] * 3))[0] == 0  # n = 3: not yet
-    feed(policy, verify_ms=12.0, iteration_ms=30.0, accepted=1, requests=3, after_prefill=True)
-    assert policy.draft_shape(3, 4, 2, slo([math.nan] * 3))[0] == 0  # a switch, not a price
-    feed(policy, verify_ms=12.0, iteration_ms=12.5, accepted=1, requests=3)
+    assert drafted(policy, 1, 4, 2, slo([math.nan])) == (2, 1)
+    assert drafted(policy, 3, 4, 2, slo([math.nan] * 3))[0] == 0  # n = 3: not yet
+    feed(
+        policy,
+        verify_ms=12.0,
+        iteration_ms=30.0,
+        accepted=1,
+        requests=3,
+        after_prefill=True,
+        draft_kept=True,
+    )
+    assert drafted(policy, 3, 4, 2, slo([math.nan] * 3))[0] == 0  # a switch, not a price
+    feed(policy, verify_ms=12.0, iteration_ms=12.5, accepted=1, requests=3, draft_kept=True)
     assert policy.plain_latency.predict((3, 30)) == pytest.approx(12.5, rel=1e-3)
-    assert policy.draft_shape(3, 4, 2, slo([math.nan] * 3)) == (1, 1)  # measured: cold chain
-    assert policy.draft_shape(2, 4, 2, slo([math.nan] * 2))[0] > 0  # 2 and 3 share a bucket
+    assert drafted(policy, 3, 4, 2, slo([math.nan] * 3)) == (2, 1)  # measured, draft kept warm
+    assert drafted(policy, 2, 4, 2, slo([math.nan] * 2))[0] > 0  # 2 and 3 share a bucket
 
 
 def test_a_plain_decode_is_priced_among_plain_ones():
@@ -363,10 +388,10 @@ def test_a_plain_decode_is_priced_among_plain_ones():
 def test_adaserve_does_not_price_a_plain_decode_by_its_warm_up():
     policy = AdaservePolicy(AdaserveConfig())
     one = slo([math.nan])
-    assert policy.draft_shape(1, 4, 2, one) == (0, 2)
+    assert drafted(policy, 1, 4, 2, one) == (0, 2)
     feed(policy, verify_ms=90.0, iteration_ms=100.0, accepted=1, after_prefill=True)  # the first
     assert policy.plain_latency.num_observations == 0
-    assert policy.draft_shape(1, 4, 2, one) == (0, 2)  # so it is measured again
+    assert drafted(policy, 1, 4, 2, one) == (0, 2)  # so it is measured again
     feed(policy, verify_ms=9.0, iteration_ms=10.0, accepted=1)
     assert policy.plain_latency.predict((1, 10)) == pytest.approx(10.0)
 
@@ -384,18 +409,20 @@ def test_adaserve_measures_a_plain_decode_first_and_warms_a_cold_draft():
     policy = AdaservePolicy(AdaserveConfig())
     one = slo([math.nan])
     policy.verify_latency.seed([((1, 10), 10.0), ((8, 10), 12.0)])
-    assert policy.draft_shape(1, 4, 2, one) == (0, 2)  # nothing measured: a plain decode
+    assert drafted(policy, 1, 4, 2, one) == (0, 2)  # nothing measured: a plain decode
     feed(policy, verify_ms=60.0, iteration_ms=70.0, accepted=1)  # the warm-up, not learned
-    assert policy.draft_shape(1, 4, 2, one) == (0, 2)
-    feed(policy, verify_ms=10.0, iteration_ms=10.5, accepted=1)
-    # The draft's state is stale after it: a depth-1 chain first, whose gain is not learned.
-    assert policy.draft_shape(1, 4, 2, one) == (1, 1)
+    # Nothing is learned yet, so a plain iteration would keep the draft's state, but this
+    # server could not (no steps-0 runtime state): the draft is stale after it, so a depth-1
+    # chain comes first, whose gain is not learned.
+    assert policy.draft_shape(1, 4, 2, one) == (0, 2) and policy.keep_draft_warm()
+    feed(policy, verify_ms=10.0, iteration_ms=10.5, accepted=1, draft_kept=False)
+    assert drafted(policy, 1, 4, 2, one) == (1, 1)
     cold = iteration_input(beam([[[0.9]]]), 1, 1)
     policy.observe(verified_outcome(cold, policy.decide(cold), accepted=0))
     assert not policy.gain.known
     # Nor its acceptance: the stale draft was sure (f 0.9) and wrong.
     assert policy.stats.calibration_trials == 0 and policy.stats.observed_accepted == 0
-    assert policy.draft_shape(1, 4, 2, one) == (4, 2)  # then the full search, learned from
+    assert drafted(policy, 1, 4, 2, one) == (4, 2)  # then the full search, learned from
     warm = iteration_input(beam([[[0.9, 0.1]] * 4]), 4, 2)
     policy.observe(verified_outcome(warm, policy.decide(warm), accepted=2, width=2))
     assert policy.gain.known
@@ -410,3 +437,52 @@ def verified_outcome(it, decision, accepted: int, width: int = 1):
         it, decision, rids=("r",), context_tokens=10, accepted=torch.tensor([accepted + 1]),
         verify_ms=10.0, iteration_ms=12.0, deepest_accepted=deepest,
     )  # fmt: skip
+
+
+def pays_alone(gain, verify, plain_ms, draft=free_draft):
+    return speculation_pays_alone(
+        gain=gain, context_tokens=0, verify_ms=verify, draft_ms=draft, plain_ms=plain_ms
+    )
+
+
+def test_speculation_pays_alone_by_tokens_per_ms_of_one_request():
+    gain = flat_gain(0.5, 4, 2)  # a chain of k nodes commits 1 + 0.5 k tokens
+    # Every verified token costs a plain decode's 10 ms: at best (1 + 0.5) / 20 < 1 / 10.
+    assert not pays_alone(gain, linear_ms(10.0, 10.0), plain_ms=10.0)
+    # A flat verify curve: the 8 nodes commit 5 tokens in 10 ms, five times a plain decode's.
+    assert pays_alone(gain, linear_ms(10.0, 0.0), plain_ms=10.0)
+    # 4 ms per verified token: the best is all 8 nodes, 5 tokens in 10 + 32 ms (0.119 per
+    # ms), against a plain decode's 1 / 8.5 = 0.118 (pays) or 1 / 8 = 0.125 (does not).
+    assert pays_alone(gain, linear_ms(10.0, 4.0), plain_ms=8.5)
+    assert not pays_alone(gain, linear_ms(10.0, 4.0), plain_ms=8.0)
+    # The draft's own cost counts: at 1 ms per draft row the full 4 x 2 beam (7 rows) commits
+    # 5 tokens in 17 ms (0.294 per ms): it pays against a 4 ms plain decode, not a 3 ms one.
+    one_ms_per_row = lambda depth, rows: torch.as_tensor(rows, dtype=torch.float64)  # noqa: E731
+    assert pays_alone(gain, linear_ms(10.0, 0.0), plain_ms=4.0, draft=one_ms_per_row)
+    assert not pays_alone(gain, linear_ms(10.0, 0.0), plain_ms=3.0, draft=one_ms_per_row)
+
+
+def test_speculation_pays_alone_until_measured():
+    assert pays_alone(ShapeGain(), linear_ms(10.0, 10.0), plain_ms=10.0)  # no draft seen yet
+    assert pays_alone(flat_gain(0.5, 4, 2), linear_ms(10.0, 10.0), plain_ms=None)
+
+
+def test_adaserve_keeps_the_draft_warm_where_speculation_pays_alone():
+    policy = speculating_policy(AdaserveConfig())
+    assert policy.keep_draft_warm()
+    # Standing down at a load where it does not pay, the draft's state is kept...
+    feed(policy, verify_ms=10.0, iteration_ms=10.0, accepted=1, draft_kept=True)
+    assert not policy.draft_is_stale() and drafted(policy, 1, 4, 2, slo([math.nan])) == (2, 1)
+    # ... and a plain iteration that skipped the extend makes the next draft a cold chain.
+    feed(policy, verify_ms=10.0, iteration_ms=10.0, accepted=1, draft_kept=False)
+    assert drafted(policy, 1, 4, 2, slo([math.nan])) == (1, 1) and policy.draft_is_stale()
+
+
+def test_adaserve_lets_the_draft_go_stale_where_speculation_never_pays():
+    policy = AdaservePolicy(AdaserveConfig())
+    policy.verify_latency.seed([((1, 10), 10.0), ((8, 10), 80.0)])  # every token a decode's price
+    policy.plain_latency.seed([((1, 10), 10.0)])
+    policy.draft_latency.seed([((1, 1), 2.0), ((4, 7), 8.0)])
+    policy.gain = flat_gain(0.5, 4, 2)
+    assert not policy.keep_draft_warm()
+    assert AdaservePolicy(AdaserveConfig(budget_rule="knee")).keep_draft_warm()

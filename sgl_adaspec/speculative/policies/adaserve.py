@@ -35,10 +35,12 @@ from sgl_adaspec.speculative.cost_rule import (
     draft_rows,
     plan_shape,
     slo_group_keys,
+    speculation_pays_alone,
 )
 from sgl_adaspec.speculative.policies.base import (
     Decision,
     IterationInput,
+    Outcome,
     PolicyBase,
     check_common_config,
 )
@@ -169,10 +171,14 @@ class AdaservePolicy(PolicyBase):
     # Expected accepted draft tokens per draft shape and node count (calibrated), learned.
     gain: ShapeGain = field(default_factory=ShapeGain)
     _context_tokens: int = field(default=0, repr=False)
+    _context_per_request: int = field(default=0, repr=False)
     _plain_run: int = field(default=0, repr=False)  # plain iterations since the last probe
     _probe_every: int = field(default=0, repr=False)
     _probe_left: int = field(default=0, repr=False)  # speculative iterations the probe still runs
-    _cold: bool = field(default=False, repr=False)  # this draft follows a plain iteration
+    _cold: bool = field(default=False, repr=False)  # this draft runs on a stale draft state
+    # A plain iteration since the last draft skipped the draft extend (`keep_draft_warm`).
+    _stale: bool = field(default=False, repr=False)
+    _warm_cache: tuple = field(default=(None, True), repr=False)  # inputs, keep_draft_warm
     _since_explore: int = field(default=0, repr=False)  # speculative iterations since one
     _since_plain: int = field(default=0, repr=False)  # planned speculative ones since a plain one
     _remeasure_every: int = field(default=FIRST_REMEASURE, repr=False)
@@ -233,9 +239,9 @@ class AdaservePolicy(PolicyBase):
                 self._remeasure_every = min(2 * self._remeasure_every, REMEASURE_PLAIN)
                 self._remeasure_left = REMEASURE_RUN - 1
                 return self._plain(topk)
-        # After a plain iteration the draft's state is stale (SGLang skipped its extend): the
-        # cheapest draft, a depth-1 chain, warms it; what it returns is not the draft's gain.
-        self._cold = self._plain_run > 0
+        # After a plain iteration that skipped the draft extend the draft's state is stale:
+        # the cheapest draft, a depth-1 chain, warms it; what it returns is not the draft's gain.
+        self._cold, self._stale = self._stale, False
         self._plain_run = 0
         probing = self._probe_left > 0
         self._probe_left = max(self._probe_left - 1, 0)
@@ -270,6 +276,36 @@ class AdaservePolicy(PolicyBase):
 
     def draft_is_stale(self) -> bool:
         return self._cold
+
+    def keep_draft_warm(self) -> bool:
+        """A stand-down keeps the draft's state where speculation pays for one request alone
+        (the load a batch can shrink back to), and skips the draft extend where it pays at no
+        load (`cost_rule.speculation_pays_alone`); the knee rule always keeps it."""
+        return self.config.budget_rule == "knee" or self._speculation_pays_alone()
+
+    def observe(self, outcome: Outcome) -> None:
+        # A plain iteration that skipped the draft extend leaves the next draft stale.
+        self._stale = self._stale or not (outcome.speculated or outcome.draft_kept)
+        super().observe(outcome)
+
+    def _speculation_pays_alone(self) -> bool:
+        verify = self.verify_latency
+        key = (
+            verify.version, self.draft_latency.version, self.gain.version,
+            self.acceptance.version, self.plain_latency.version,
+        )  # fmt: skip
+        if self._warm_cache[0] == key:
+            return self._warm_cache[1]
+        context = self._context_per_request
+        pays = speculation_pays_alone(
+            gain=self.gain,
+            context_tokens=context,
+            verify_ms=verify.predict_tensor,
+            draft_ms=self.draft_latency.predict_tensor,
+            plain_ms=self.plain_latency.predict((1, context)),
+        )
+        self._warm_cache = (key, pays)
+        return pays
 
     def _plain_measured_at(self, num_requests: int) -> bool:
         bucket = load_bucket(num_requests)
@@ -391,6 +427,7 @@ class AdaservePolicy(PolicyBase):
     def decide(self, it: IterationInput) -> Decision:
         context = int(it.context_lens.sum())
         self._context_tokens = context
+        self._context_per_request = context // max(it.cands.num_requests, 1)
         selection, _required, plan = self.select(
             it.cands, it.slo, it.draft_steps, context, it.draft_topk
         )

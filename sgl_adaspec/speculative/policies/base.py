@@ -109,7 +109,9 @@ class Outcome:
     - budget / depth / width: what the decision applied, for the statistics;
     - early_exit: (tested, exited, test_ms) of the verify pass's early exit, or None;
     - after_prefill: the iteration came right after a prefill (or was the first): its time
-      includes the switch from extend to decode, no steady iteration's price."""
+      includes the switch from extend to decode, no steady iteration's price;
+    - draft_kept: a plain iteration kept the draft's state (its extend ran: `keep_draft_warm`);
+      one that did not leaves the next draft stale."""
 
     rids: tuple[str, ...]
     verified: torch.Tensor
@@ -126,6 +128,7 @@ class Outcome:
     width: int
     early_exit: tuple[int, int, float] | None = None
     after_prefill: bool = False
+    draft_kept: bool = True
 
     @property
     def speculated(self) -> bool:
@@ -144,15 +147,16 @@ def make_outcome(
     early_exit: tuple[int, int, float] | None = None,
     deepest_accepted: torch.Tensor | None = None,
     after_prefill: bool = False,
+    draft_kept: bool = False,
 ) -> Outcome:
-    """The outcome of an iteration that ran `decision` on `it` (both None: no speculation).
-    deepest_accepted [B] int64: each request's deepest accepted candidate node (-1: none), or
-    None when unknown."""
+    """The outcome of an iteration that ran `decision` on `it` (both None: no speculation;
+    `draft_kept`: that plain iteration kept the draft's state). deepest_accepted [B] int64:
+    each request's deepest accepted candidate node (-1: none), or None when unknown."""
     if decision is None or it is None:
         ones = torch.ones(len(rids), dtype=torch.long)
         return Outcome(
             rids, ones, accepted, None, None, verify_ms, iteration_ms, context_tokens, 0, 0,
-            len(rids), 0, 0, after_prefill=after_prefill,
+            len(rids), 0, 0, after_prefill=after_prefill, draft_kept=draft_kept,
         )  # fmt: skip
     selection = decision.selection
     f = torch.where(selection.mask, it.cands.path_prob.to(selection.mask.device), 0.0)
@@ -266,6 +270,12 @@ class PolicyBase:
         """Whether this iteration's draft ran on stale state (after iterations without
         speculation, whose draft extends SGLang skipped): its path probabilities then say
         little of acceptance, and its outcome trains no calibration."""
+        return False
+
+    def keep_draft_warm(self) -> bool:
+        """Asked after `draft_shape` chose depth 0: whether this plain iteration keeps the
+        draft's state (SGLang's draft extend runs, as in SGLang's own adaptive steps 0), so a
+        later draft starts from it. Default: no (the extend is skipped, the draft goes stale)."""
         return False
 
     def draft_shape(

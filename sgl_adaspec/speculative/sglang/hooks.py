@@ -17,7 +17,6 @@ one entry per iteration) through SGLang's `customized_info`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -28,6 +27,7 @@ from sgl_adaspec.speculative.sglang import request_state
 from sgl_adaspec.speculative.sglang.draft_tiers import run_draft, runs_tiers
 from sgl_adaspec.speculative.sglang.early_exit import exit_run, llama_model_forward, plan_exit_run
 from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration, iteration_scope
+from sgl_adaspec.speculative.sglang.plain_decode import plain_decode
 from sgl_adaspec.speculative.sglang.runtime import (
     add_internal_state,
     current_policy,
@@ -53,7 +53,8 @@ VERIFIED_TOKENS_KEY = "adaspec_verified_tokens"
 def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs):
     """AROUND `EAGLEWorkerV2.forward_batch_generation`: one iteration scope, timed, and the
     policy's one `observe` of its outcome. A draft depth of 0 runs the iteration as a plain
-    decode through SGLang's own steps-0 path (`plain_decode`)."""
+    decode through SGLang's own steps-0 path (`plain_decode`), warm or cold as the policy
+    asks."""
     policy = current_policy()
     if policy is None:
         return original(worker, batch, *args, **kwargs)
@@ -66,7 +67,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         with iteration_scope():
             return original(worker, batch, *args, **kwargs)
     num_requests = len(batch.reqs)
-    sync = runtime().tp_sync
+    sync, plain_states = runtime().tp_sync, runtime().plain_states
     after_prefill = clock.last_decode_end_s is None
     start = clock.cycle_start(clock.now())
     with iteration_scope() as scope:
@@ -76,10 +77,14 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
             shape = policy.draft_shape(
                 num_requests, worker.speculative_num_steps, worker.topk, scope.slo
             )
-        scope.draft_shape = tuple(sync.value(shape if sync.leads else None))
-        scope.plain = scope.draft_shape[0] == 0
+            # A plain iteration keeps the draft's state where the policy asks and SGLang built
+            # a steps-0 runtime state (`plain_decode`).
+            warm = shape[0] == 0 and plain_states is not None and policy.keep_draft_warm()
+        depth, width, warm = sync.value((*shape, warm) if sync.leads else None)
+        scope.draft_shape = (depth, width)
+        scope.plain = depth == 0
         if scope.plain:
-            with plain_decode(worker):
+            with plain_decode(worker, plain_states if warm else None):
                 verify_start = clock.now()
                 result = original(worker, batch, *args, **kwargs)
                 scope.verify_ms = 1000 * (clock.now() - verify_start)
@@ -94,36 +99,19 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         return result  # rank 0 observes for the group
     iteration_ms = 1000 * (end - start)
     if scope.plain:
-        policy.stats.observe_plain(num_requests)
+        policy.stats.observe_plain(num_requests, warm)
     elif scope.draft_ran is not None:
         depth, width = scope.draft_ran
         policy.stats.observe_draft(depth, width, (depth - 1) * num_requests * width)
     if scope.verify_ms is not None:
-        policy.observe(_outcome(batch, scope, iteration_ms, after_prefill))
+        policy.observe(_outcome(batch, scope, iteration_ms, after_prefill, warm))
     report_to_dispatcher(policy)
     return result
 
 
-@contextlib.contextmanager
-def plain_decode(worker):
-    """SGLang 0.5.23's steps-0 iteration: a one-node verify of each request's bonus token (a
-    plain decode through the verify graph) and, with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND,
-    no draft extend after it. The next speculative iteration then drafts from a cold state
-    (zeroed top-k and hidden state; its path probabilities are 0, so nothing of it is
-    verified) and the draft's KV cache lacks the skipped positions; both cost acceptance, not
-    correctness: the target still verifies every token."""
-    from sglang.srt.environ import envs
-
-    saved = (worker.speculative_num_steps, worker.speculative_num_draft_tokens)
-    worker.speculative_num_steps, worker.speculative_num_draft_tokens = 0, 1
-    try:
-        with envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.override(True):
-            yield
-    finally:
-        worker.speculative_num_steps, worker.speculative_num_draft_tokens = saved
-
-
-def _outcome(batch, scope: Iteration, iteration_ms: float, after_prefill: bool) -> Outcome:
+def _outcome(
+    batch, scope: Iteration, iteration_ms: float, after_prefill: bool, draft_kept: bool
+) -> Outcome:
     reqs = batch.reqs
     context_tokens = sum(len(req.origin_input_ids) + len(req.output_ids) for req in reqs)
     return make_outcome(
@@ -137,6 +125,7 @@ def _outcome(batch, scope: Iteration, iteration_ms: float, after_prefill: bool) 
         early_exit=scope.early_exit_counts,
         deepest_accepted=scope.deepest_accepted,
         after_prefill=after_prefill,
+        draft_kept=draft_kept,
     )
 
 

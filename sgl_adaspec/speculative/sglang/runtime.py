@@ -13,6 +13,7 @@ from sgl_adaspec.scheduler.dp_adapter import ReplicaReporter, reporter_of_schedu
 from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.base import PolicyBase
+from sgl_adaspec.speculative.sglang.plain_decode import PlainStates, build_plain_states
 from sgl_adaspec.speculative.sglang.tp_sync import TpSync, clock_rate, tp_sync_of_scheduler
 from sgl_adaspec.speculative.stats import replicas_total
 
@@ -56,6 +57,8 @@ class Runtime:
     tp_sync: TpSync = field(default_factory=TpSync)
     # This replica's SLO report to the DP controller (`--slo-dispatch on`, TP rank 0 only).
     reporter: ReplicaReporter | None = None
+    # SGLang's runtime states for warm plain iterations (None: plain iterations run cold).
+    plain_states: PlainStates | None = None
 
 
 _RUNTIME: Runtime | None = None
@@ -104,7 +107,13 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
             "decides for the group" if sync.leads else "follows rank 0's decisions",
         )  # fmt: skip
     reporter = reporter_of_scheduler(config, sync.leads)
-    return Runtime(config, policy, profile, config.draft_tiers == "on", clock, sync, reporter)
+    # For a policy that may keep the draft warm in plain iterations; every rank builds it (on
+    # CUDA its graph captures are collective).
+    warm_capable = type(policy).keep_draft_warm is not PolicyBase.keep_draft_warm
+    plain_states = build_plain_states(draft_worker) if warm_capable else None
+    return Runtime(
+        config, policy, profile, config.draft_tiers == "on", clock, sync, reporter, plain_states
+    )
 
 
 def profile_verify_cost(worker, repeats: int = 3) -> VerifyCostProfile | None:
