@@ -44,8 +44,8 @@ def chat(url: str, metadata: dict) -> None:
 
 
 def start_router(worker_urls: list[str], log_path) -> tuple[subprocess.Popen, str]:
-    """`sglang_router.launch_router` in front of `worker_urls`, round robin; waits until it
-    routes (the first request answered through it)."""
+    """`sglang_router.launch_router` in front of `worker_urls`, round robin; waits until every
+    worker is registered and healthy (its /health answers before it registers any)."""
     port, metrics_port = free_port(), free_port()
     with open(log_path, "w") as log:
         process = subprocess.Popen(
@@ -62,13 +62,14 @@ def start_router(worker_urls: list[str], log_path) -> tuple[subprocess.Popen, st
         if process.poll() is not None:
             raise RuntimeError(f"router exited with {process.returncode}: {log_path.read_text()}")
         try:
-            if requests.get(f"{url}/health", timeout=2).status_code == 200:
+            ready = requests.get(f"{url}/readiness", timeout=2)
+            if ready.ok and ready.json().get("healthy_workers") == len(worker_urls):
                 return process, url
-        except requests.RequestException:
+        except (requests.RequestException, ValueError):
             pass
         time.sleep(1.0)
     process.kill()
-    raise TimeoutError(f"router not healthy after 120 s: {log_path.read_text()}")
+    raise TimeoutError(f"router not ready after 120 s: {log_path.read_text()}")
 
 
 def finished_per_class(url: str) -> dict[str, int]:
