@@ -486,3 +486,22 @@ def test_adaserve_lets_the_draft_go_stale_where_speculation_never_pays():
     policy.gain = flat_gain(0.5, 4, 2)
     assert not policy.keep_draft_warm()
     assert AdaservePolicy(AdaserveConfig(budget_rule="knee")).keep_draft_warm()
+
+
+def test_adaserve_asks_whether_speculation_pays_against_a_decode_without_draft_work():
+    policy = AdaservePolicy(AdaserveConfig())
+    policy.verify_latency.seed([((1, 0), 10.0), ((9, 0), 42.0)])  # 4 ms per verified token
+    policy.plain_latency.seed([((1, 0), 9.0)])
+    policy.draft_latency.seed([((1, 1), 1.0), ((4, 7), 1.0)])  # a draft forward: 1 ms
+    policy.gain = flat_gain(0.5, 4, 2)
+    # Cold plain iterations: 5 tokens in 10 + 32 + 1 ms (0.116 per ms) beat a 9 ms decode.
+    assert policy.keep_draft_warm()
+    # After a warm one, its 9 ms held the 1 ms draft forward: 8 ms (0.125 per ms) wins.
+    policy.observe(
+        make_outcome(
+            None, None, rids=("r0",), context_tokens=0, accepted=torch.ones(1), verify_ms=8.0,
+            iteration_ms=9.0, draft_kept=True,
+        )
+    )  # fmt: skip
+    assert policy.plain_latency.predict((1, 0)) == pytest.approx(9.0, rel=0.05)
+    assert not policy.keep_draft_warm()

@@ -179,6 +179,7 @@ class AdaservePolicy(PolicyBase):
     # A plain iteration since the last draft skipped the draft extend (`keep_draft_warm`).
     _stale: bool = field(default=False, repr=False)
     _warm_cache: tuple = field(default=(None, True), repr=False)  # inputs, keep_draft_warm
+    _plain_was_warm: bool = field(default=False, repr=False)  # the last plain iteration's extend
     _since_explore: int = field(default=0, repr=False)  # speculative iterations since one
     _since_plain: int = field(default=0, repr=False)  # planned speculative ones since a plain one
     _remeasure_every: int = field(default=FIRST_REMEASURE, repr=False)
@@ -286,23 +287,31 @@ class AdaservePolicy(PolicyBase):
     def observe(self, outcome: Outcome) -> None:
         # A plain iteration that skipped the draft extend leaves the next draft stale.
         self._stale = self._stale or not (outcome.speculated or outcome.draft_kept)
+        if not outcome.speculated:
+            self._plain_was_warm = outcome.draft_kept
         super().observe(outcome)
 
     def _speculation_pays_alone(self) -> bool:
         verify = self.verify_latency
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
-            self.acceptance.version, self.plain_latency.version,
+            self.acceptance.version, self.plain_latency.version, self._plain_was_warm,
         )  # fmt: skip
         if self._warm_cache[0] == key:
             return self._warm_cache[1]
         context = self._context_per_request
+        plain_ms = self.plain_latency.predict((1, context))
+        if plain_ms is not None and self._plain_was_warm:
+            # The question is whether speculation beats decoding with no draft work at all:
+            # a warm plain iteration's price holds a draft forward over its new tokens.
+            extend_ms = self.draft_latency.predict((1, 1)) or 0.0
+            plain_ms = max(plain_ms - extend_ms, 1e-3)
         pays = speculation_pays_alone(
             gain=self.gain,
             context_tokens=context,
             verify_ms=verify.predict_tensor,
             draft_ms=self.draft_latency.predict_tensor,
-            plain_ms=self.plain_latency.predict((1, context)),
+            plain_ms=plain_ms,
         )
         self._warm_cache = (key, pays)
         return pays
