@@ -1,6 +1,8 @@
 """What an iteration without speculation costs in a speculative server, against a server
-without speculation: SGLang 0.5.23's steps-0 path (a one-token verify per request, no draft,
-draft extend skipped) as adaserve runs it when speculation does not pay.
+without speculation: SGLang 0.5.23's steps-0 path (a one-token verify per request, no draft)
+as adaserve runs it when speculation does not pay: the draft extend skipped where speculation
+pays at no load, kept where it pays for one request alone (`keep_draft_warm`; the server's
+`warm_plain_iterations` says which ran).
 
     python benchmarks/plain_iteration_cost.py [--pair smollm2|bigram] [--tokens N] [--repeats R]
 
