@@ -193,6 +193,15 @@ class PlanChoice:
         }
 
 
+def _shape_grid(gain: ShapeGain) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The grid both plans score: node counts k [K] = 0..max_nodes, and each shape's depth and
+    width [S, 1] (float64)."""
+    k = torch.arange(gain.max_nodes + 1, dtype=torch.float64)
+    depth = torch.tensor([d for d, _ in gain.shapes], dtype=torch.float64).unsqueeze(1)
+    width = torch.tensor([w for _, w in gain.shapes], dtype=torch.float64).unsqueeze(1)
+    return k, depth, width
+
+
 def plan_shape(
     *,
     slo: SloBatch,
@@ -224,9 +233,7 @@ def plan_shape(
         return None
     shapes = gain.shapes
     size = gain.max_nodes + 1
-    k = torch.arange(size, dtype=torch.float64)  # [K]
-    depth = torch.tensor([d for d, _ in shapes], dtype=torch.float64).unsqueeze(1)  # [S, 1]
-    width = torch.tensor([w for _, w in shapes], dtype=torch.float64).unsqueeze(1)
+    k, depth, width = _shape_grid(gain)
     verify = verify_ms(n * (1 + k), context_tokens)  # [K]
     draft = draft_ms(depth, draft_rows(depth, width, n))  # [S, 1]
     if verify is None or draft is None:
@@ -286,9 +293,7 @@ def speculation_pays_alone(
     still to be learned, from a draft whose state was kept)."""
     if gain.table is None or plain_ms is None or plain_ms <= 0:
         return True
-    k = torch.arange(gain.max_nodes + 1, dtype=torch.float64)  # [K]
-    depth = torch.tensor([d for d, _ in gain.shapes], dtype=torch.float64).unsqueeze(1)
-    width = torch.tensor([w for _, w in gain.shapes], dtype=torch.float64).unsqueeze(1)
+    k, depth, width = _shape_grid(gain)
     verify = verify_ms(1 + k, context_tokens)  # [K]
     draft = draft_ms(depth, draft_rows(depth, width, 1))  # [S, 1]
     if verify is None or draft is None:
