@@ -79,9 +79,31 @@ class AdaspecConfig:
     )
     draft_tiers: str = flag(
         "on",
-        "on: the draft's beam search runs at the policy's depth and width (fewer, narrower "
-        "draft steps under load); needs --attention-backend torch_native, elsewhere the "
-        "configured search runs. off: always the configured search (default: %(default)s).",
+        "on: each iteration runs in a draft tier, one of a few (depth, width) shapes of the "
+        "draft's beam search built at start-up as SGLang runtime states (fewer, narrower draft "
+        "steps and fewer verified nodes under load); on CUDA only with --gpu-draft-tiers on. "
+        "off: always the configured search (default: %(default)s).",
+        choices=("on", "off"),
+    )
+    draft_tier_limit: int = flag(
+        16,
+        "Draft tiers built besides the configured search, cheapest first, steps 0 included "
+        "(default: %(default)s).",
+        metavar="N",
+        minimum=0,
+    )
+    draft_tier_memory_gb: float | None = flag(
+        None,
+        "Stop building draft tiers once their CUDA graphs take more device memory than this "
+        "(default: no cap; the startup log reports what they took).",
+        metavar="GB",
+        check=_check_positive,
+    )
+    gpu_draft_tiers: str = flag(
+        "off",
+        "on: build the draft tiers on CUDA too, each capturing its draft, draft-extend and "
+        "verify graphs (not yet validated on a GPU). off: on CUDA the configured search runs "
+        "and the policy narrows only what is verified (default: %(default)s).",
         choices=("on", "off"),
     )
     baseline_tpot_ms: float | None = flag(

@@ -1,42 +1,75 @@
-"""Draft tiers: a narrower, shallower beam search reported in the configured search's layout.
+"""Draft tiers: the (depth, width) shapes of the draft's beam search that a server builds and
+switches between, and the eager beam step that runs them.
 
 SGLang's EAGLE draft is a beam search of width w (`--speculative-eagle-topk`) over d steps
-(`--speculative-num-steps`), recorded per step in three lists that everything after the draft
-(`organize_draft_results`, the tree builder, the verify buffers) reads with w and d fixed:
+(`--speculative-num-steps`) whose best N - 1 nodes (`--speculative-num-draft-tokens` N, root
+included) are verified. A tier (d', w'), d' <= d, w' <= w, runs d' - 1 draft forwards of B * w'
+rows and verifies N' = `tier_draft_tokens(d', w', N)` nodes per request; steps 0 is a plain
+decode (the root only). The server builds a bounded set of tiers at start-up (`tier_shapes`)
+and runs each iteration in the cheapest built tier that holds the policy's shape
+(`covering_tier`). SGLang's per-step lists, in the layout of a width-w search:
 - scores[0] [B, 1, w] and scores[i] [B, w, w] (i >= 1): path probability of node (beam k,
   child c) of step i; the flat node index over all steps is j = k for step 0 and
   w + (i-1) w^2 + k w + c for step i >= 1;
 - tokens[0] [B, w], tokens[i] [B, w*w]: the nodes' draft tokens, same order;
 - parents[0] [B, w+1] = [-1, 0, .., w-1] and parents[i] [B, w] (i >= 1): the flat index of the
   k-th beam kept at step i, the parent of step i+1's nodes (k, *).
-
-A tier (d', w') with d' <= d, w' <= w runs only d' - 1 draft forwards of B * w' rows (instead
-of d - 1 forwards of B * w rows). `embed_beam` writes its lists into the (d, w) layout and fills
-every slot the small search did not produce with a padding node whose score, -(step + 1), is
-below every real score (real scores are probabilities, >= 0) and below its own parent's. So the
-top-(N - 1) pick of `organize_draft_results` takes real nodes first and stays closed under
-parent; padding nodes it still takes (when the tier has fewer than N - 1 nodes) are recognised
-by their negative score and never verified (`sglang.tree.candidates_from_verify_input`).
 """
 
 from __future__ import annotations
 
 import torch
 
-PAD_TOKEN = 0
+Shape = tuple[int, int]  # (depth, width) of the draft's beam search; depth 0 = no draft
 
 
-def pad_score(step: int) -> float:
-    """Score of a padding node of draft step `step` (0-based): below every real node and below
-    the padding nodes of earlier steps, so a padding node is never picked before its parent."""
-    return -float(step + 1)
+def tier_draft_tokens(depth: int, width: int, num_draft_tokens: int) -> int:
+    """Nodes a request verifies in tier (depth, width), root included: the tier's best nodes,
+    at most the configured `num_draft_tokens`; steps 0 verifies the root only."""
+    if depth == 0:
+        return 1
+    return min(num_draft_tokens, 1 + width + (depth - 1) * width * width)
 
 
-def _big_index(step: int, beam: torch.Tensor | int, child: torch.Tensor | int, width: int):
-    """Flat node index of (beam, child) at `step` in a width-`width` layout."""
-    if step == 0:
-        return child
-    return width + (step - 1) * width * width + beam * width + child
+def tier_widths(topk: int) -> list[int]:
+    """Widths worth a tier: the powers of two below `topk`, and `topk`."""
+    widths, w = [], 1
+    while w < topk:
+        widths.append(w)
+        w *= 2
+    return [*widths, topk]
+
+
+def _tier_cost(shape: Shape, num_draft_tokens: int) -> tuple[int, int, int]:
+    """Order of tiers from cheapest: draft rows per request, then verified nodes."""
+    depth, width = shape
+    return (max(depth - 1, 0) * width, tier_draft_tokens(depth, width, num_draft_tokens), depth)
+
+
+def tier_shapes(steps: int, topk: int, num_draft_tokens: int, limit: int) -> tuple[Shape, ...]:
+    """The tiers to build for a configured (steps, topk, N): the configured shape first, then at
+    most `limit` others, cheapest first: steps 0 (a plain decode that keeps the draft warm),
+    then every depth at each of `tier_widths(topk)`. A chain (width 1) deeper than N - 1 is
+    left out: SGLang verifies a d-step chain as exactly d + 1 nodes."""
+    configured = (steps, topk)
+    others = [(0, topk)] + [
+        (depth, width)
+        for width in tier_widths(topk)
+        for depth in range(1, steps + 1)
+        if (depth, width) != configured and not (width == 1 and depth + 1 > num_draft_tokens)
+    ]
+    others.sort(key=lambda shape: (shape[0] > 0, _tier_cost(shape, num_draft_tokens)))
+    return (configured, *others[: max(limit, 0)])
+
+
+def covering_tier(shape: Shape, tiers: tuple[Shape, ...], num_draft_tokens: int) -> Shape | None:
+    """The cheapest of `tiers` that drafts at least `shape` (its depth and width); for depth 0,
+    the steps-0 tier. None when no tier holds it."""
+    depth, width = shape
+    if depth == 0:
+        return next((tier for tier in tiers if tier[0] == 0), None)
+    fits = [tier for tier in tiers if tier[0] >= depth and tier[1] >= width]
+    return min(fits, key=lambda tier: _tier_cost(tier, num_draft_tokens), default=None)
 
 
 def beam_step(
@@ -68,59 +101,3 @@ def beam_step(
         hidden = hidden[(kept // width + offsets.unsqueeze(1)).flatten()]
     parents = kept + (width + (step - 1) * width * width)
     return torch.gather(children, 1, kept).flatten(), hidden, kept_p, (expanded, children, parents)
-
-
-def embed_beam(
-    scores: list[torch.Tensor],
-    tokens: list[torch.Tensor],
-    parents: list[torch.Tensor],
-    width: int,
-    steps: int,
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """The per-step lists of a beam search of width w' and d' steps (SGLang's layout with w',
-    see the module docstring) rewritten in the layout of width `width` >= w' and `steps` >= d'
-    steps. Returns (scores, tokens, parents), `steps` entries each."""
-    small_steps = len(scores)
-    small_width = tokens[0].shape[1]
-    if not (1 <= small_steps <= steps and 1 <= small_width <= width):
-        raise ValueError(
-            f"a tier of {small_steps} steps and width {small_width} does not fit the configured "
-            f"{steps} steps and width {width}"
-        )
-    bsz = tokens[0].shape[0]
-    device, score_dtype, token_dtype = tokens[0].device, scores[0].dtype, tokens[0].dtype
-    parent_dtype = parents[0].dtype
-    w1 = small_width
-    out_scores, out_tokens, out_parents = [], [], []
-
-    def small_to_big(step: int, flat: torch.Tensor) -> torch.Tensor:
-        """Flat indices of step `step` nodes in the w' layout -> the same nodes' big indices."""
-        if step == 0:
-            return flat
-        local = flat - (w1 + (step - 1) * w1 * w1)
-        return _big_index(step, local // w1, local % w1, width)
-
-    for step in range(steps):
-        if step == 0:
-            score = torch.full((bsz, 1, width), pad_score(0), dtype=score_dtype, device=device)
-            token = torch.full((bsz, width), PAD_TOKEN, dtype=token_dtype, device=device)
-            score[:, :, :w1] = scores[0]
-            token[:, :w1] = tokens[0]
-            parent = torch.arange(-1, width, dtype=parent_dtype, device=device).expand(bsz, -1)
-        else:
-            score = torch.full(
-                (bsz, width, width), pad_score(step), dtype=score_dtype, device=device
-            )
-            token = torch.full((bsz, width, width), PAD_TOKEN, dtype=token_dtype, device=device)
-            # Padding beam k continues from the padding node (k, 0) of this step.
-            beams = torch.arange(width, dtype=parent_dtype, device=device)
-            parent = _big_index(step, beams, 0, width).expand(bsz, -1).clone()
-            if step < small_steps:
-                score[:, :w1, :w1] = scores[step]
-                token[:, :w1, :w1] = tokens[step].view(bsz, w1, w1)
-                parent[:, :w1] = small_to_big(step, parents[step].to(parent_dtype))
-            token = token.view(bsz, width * width)
-        out_scores.append(score)
-        out_tokens.append(token)
-        out_parents.append(parent.contiguous())
-    return out_scores, out_tokens, out_parents

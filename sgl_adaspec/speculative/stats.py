@@ -44,6 +44,10 @@ class SpecStats:
     last_draft_width: int | None = None
     draft_rows: int = 0
     drafts: int = 0
+    # The (depth, width) tiers built at start-up (`sglang.tier_states`), steps 0 included, and
+    # the draft iterations run in each ("depth x width").
+    draft_tiers: list | None = None
+    draft_iterations_by_shape: dict[str, int] = field(default_factory=dict)
     # Token-wise early exit in verification: draft tokens tested, and those that left the pass.
     exit_tested_tokens: int = 0
     exited_tokens: int = 0
@@ -85,6 +89,8 @@ class SpecStats:
         self.drafts += 1
         self.draft_rows += rows
         self.last_draft_depth, self.last_draft_width = depth, width
+        key = f"{depth}x{width}"
+        self.draft_iterations_by_shape[key] = self.draft_iterations_by_shape.get(key, 0) + 1
         for sink in self.sinks:
             sink.observe_draft(depth, width, rows)
 
@@ -144,6 +150,8 @@ class SpecStats:
             "draft_depth": self.last_draft_depth,
             "draft_width": self.last_draft_width,
             "draft_rows_per_iteration": self.draft_rows / self.drafts if self.drafts else None,
+            "draft_tiers": self.draft_tiers,
+            "draft_iterations_by_shape": dict(sorted(self.draft_iterations_by_shape.items())),
             "exit_tested_tokens": self.exit_tested_tokens,
             "exited_tokens": self.exited_tokens,
             "exit_test_ms_per_token": (

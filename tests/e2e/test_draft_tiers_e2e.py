@@ -47,8 +47,13 @@ def serve(tmp_path_factory, target, draft, *extra) -> tuple[list[list[int]], dic
         info = requests.get(f"{server.url}/server_info", timeout=60).json()
     finally:
         server.stop()
-    assert "policy decision failed" not in server.log_path.read_text()
-    return [out["output_ids"] for out in outputs], info["internal_states"][0]["adaspec"]["stats"]
+    log = server.log_path.read_text()
+    assert "policy decision failed" not in log
+    stats = info["internal_states"][0]["adaspec"]["stats"]
+    # The startup log names the tier path and what the tiers took.
+    path = "off (--draft-tiers off)" if "off" in extra else "eager, the plugin's torch draft"
+    assert f"sgl_adaspec: draft tiers {path}" in log
+    return [out["output_ids"] for out in outputs], stats
 
 
 def reference(server) -> list[list[int]]:
@@ -64,6 +69,13 @@ def test_tiers_shrink_the_draft_and_stay_lossless(models, tmp_path_factory, plai
     )
     assert tiered == expected
     assert full == expected
+    # The tiers are SGLang runtime states built at start-up (steps 0 for warm plain iterations
+    # in both); the iterations switched between several of them with the load.
+    assert [4, 4] in tiered_stats["draft_tiers"] and [2, 1] in tiered_stats["draft_tiers"]
+    assert full_stats["draft_tiers"] == [[STEPS, TOPK], [0, TOPK]]
+    ran = tiered_stats["draft_iterations_by_shape"]
+    assert {"4x4", "2x1"} <= set(ran), ran  # three running, then the lone sampled request
+    assert set(full_stats["draft_iterations_by_shape"]) == {"4x4"}
     # Off: every iteration drafts (steps - 1) * n * topk rows; on: the tiers run far fewer.
     per_request_full = full_stats["draft_rows_per_iteration"] * full_stats["iterations"]
     assert per_request_full == pytest.approx(

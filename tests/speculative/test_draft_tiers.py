@@ -1,106 +1,68 @@
-"""Draft tiers: a (d', w') beam search embedded in the configured (d, w) layout picks the same
-tree SGLang would build from the small search, and never picks a padding node before a real one."""
+"""Draft tiers: the tier set a server builds, the tier an iteration runs in, and the eager beam
+step that runs a tier's draft (SGLang's, value for value)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sgl_adaspec.platform.cpu.ops import NO_NODE, tree_parents
-from sgl_adaspec.speculative.draft_tiers import beam_step, embed_beam, pad_score
-from sglang.srt.speculative.eagle_utils import organize_draft_results
+from sgl_adaspec.speculative.draft_tiers import (
+    beam_step,
+    covering_tier,
+    tier_draft_tokens,
+    tier_shapes,
+    tier_widths,
+)
 from sglang.srt.speculative.spec_utils import select_top_k_tokens
 
 VOCAB = 50
 
 
-def beam_search(probs: torch.Tensor, width: int, steps: int):
-    """SGLang's per-step lists for a beam search whose draft distribution at step i is probs[i]
-    [B, V] for every beam (enough to exercise the layout)."""
-    bsz = probs.shape[1]
-    topk_p, topk_index = torch.topk(probs[0], width, dim=-1)
-    scores, lists = None, ([], [], [])
-    for i in range(steps):
-        _ids, _hidden, scores, info = select_top_k_tokens(i, topk_p, topk_index, None, scores, width)
-        for out, value in zip(lists, info):
-            out.append(value)
-        if i + 1 < steps:
-            # Every beam proposes the same top-w children, scaled per beam to break ties.
-            p, idx = torch.topk(probs[i + 1], width, dim=-1)
-            scale = torch.linspace(1.0, 0.9, width).view(1, width, 1)
-            topk_p = (p.unsqueeze(1) * scale).reshape(bsz * width, width)
-            topk_index = idx.unsqueeze(1).expand(bsz, width, width).reshape(bsz * width, width).contiguous()
-    return lists
+def test_tier_verifies_its_best_nodes_up_to_the_configured_count():
+    assert tier_draft_tokens(0, 4, 8) == 1  # steps 0: the root
+    assert tier_draft_tokens(3, 1, 8) == 4  # a chain: root + 3
+    assert tier_draft_tokens(1, 2, 8) == 3  # root + 2 first-step nodes
+    assert tier_draft_tokens(2, 2, 8) == 7  # root + 2 + 4
+    assert tier_draft_tokens(3, 2, 8) == 8  # 11 drafted, 8 at most
+    assert tier_draft_tokens(4, 4, 8) == 8
 
 
-def tree_of(score_list, token_list, parents_list, num_draft, width):
-    """(token path of each selected node as tuples, selected scores) of SGLang's pick."""
-    parent_list, index, tokens = organize_draft_results(
-        score_list, token_list, parents_list, num_draft
-    )
-    parents = tree_parents(parent_list, index, width)  # [B, ntok], node 0 = root
-    scores = torch.cat(score_list, dim=1).flatten(1).gather(1, index)
-    paths = []
-    for b in range(tokens.shape[0]):
-        row = []
-        for node in range(1, num_draft):
-            path, cur = [], node
-            while cur > 0:
-                path.append(int(tokens[b, cur - 1]))
-                cur = int(parents[b, cur])
-            assert cur == 0, "a selected node's parent was not selected"
-            row.append(tuple(reversed(path)))
-        paths.append(row)
-    return paths, scores, parents
+def test_tier_widths_are_powers_of_two_and_the_configured_width():
+    assert tier_widths(1) == [1]
+    assert tier_widths(4) == [1, 2, 4]
+    assert tier_widths(6) == [1, 2, 4, 6]
 
 
-def random_probs(steps: int, bsz: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.softmax(3 * torch.randn(steps, bsz, VOCAB, generator=gen), dim=-1)
+def test_tier_set_is_the_configured_search_then_the_cheapest_tiers():
+    shapes = tier_shapes(4, 4, 8, limit=16)
+    assert shapes[0] == (4, 4)
+    assert shapes[1] == (0, 4)  # steps 0 first
+    assert len(shapes) == len(set(shapes)) == 1 + 12  # steps 0 + 4 depths x 3 widths - (4, 4)
+    # Cheapest first: one-step tiers (no draft forward), then by draft rows per request.
+    assert shapes[2:5] == ((1, 1), (1, 2), (1, 4))
+    rows = [(d - 1) * w for d, w in shapes[2:]]
+    assert rows == sorted(rows)
+    assert tier_shapes(4, 4, 8, limit=3) == ((4, 4), (0, 4), (1, 1), (1, 2))
+    assert tier_shapes(4, 4, 8, limit=0) == ((4, 4),)
 
 
-@pytest.mark.parametrize("tier", [(1, 1), (1, 3), (2, 2), (3, 1), (2, 3), (4, 2)])
-def test_tier_with_enough_nodes_picks_the_small_search_tree(tier):
-    steps, width, num_draft = 4, 3, 5
-    d, w = tier
-    probs = random_probs(steps, 2, seed=d * 10 + w)
-    small = beam_search(probs, w, d)
-    real_nodes = w + (d - 1) * w * w
-    big = embed_beam(*small, width=width, steps=steps)
-    assert [s.shape for s in big[0]] == [(2, 1, 3)] + [(2, 3, 3)] * 3
-    assert [t.shape for t in big[1]] == [(2, 3)] + [(2, 9)] * 3
-    assert [p.shape for p in big[2]] == [(2, 4)] + [(2, 3)] * 3
-    take = min(num_draft, real_nodes + 1)
-    want, _, _ = tree_of(*small, take, w)
-    got, scores, parents = tree_of(*big, num_draft, width)
-    for b in range(2):
-        real = [path for path, s in zip(got[b], scores[b]) if s >= 0]
-        assert sorted(real) == sorted(want[b])
-        # Whatever else was picked is padding, scored below zero, with its parent picked.
-        assert int((scores[b] < 0).sum()) == num_draft - take
-        assert bool((parents[b, 1:] != NO_NODE).all())
+def test_chains_deeper_than_the_verify_budget_are_left_out():
+    # SGLang verifies a d-step chain as d + 1 nodes: with 4 draft tokens, chains of 3 steps.
+    shapes = tier_shapes(5, 2, 4, limit=99)
+    assert (3, 1) in shapes
+    assert (4, 1) not in shapes and (5, 1) not in shapes
 
 
-def test_full_tier_is_the_identity():
-    probs = random_probs(3, 2, seed=7)
-    lists = beam_search(probs, 2, 3)
-    big = embed_beam(*lists, width=2, steps=3)
-    for small_list, big_list in zip(lists, big):
-        for a, b in zip(small_list, big_list):
-            assert torch.equal(a.reshape(b.shape), b)
-
-
-def test_padding_is_below_every_real_score_and_below_its_parent():
-    assert pad_score(0) < 0
-    assert all(pad_score(i + 1) < pad_score(i) for i in range(8))
-
-
-def test_tier_larger_than_the_configuration_is_refused():
-    lists = beam_search(random_probs(3, 1, seed=1), 3, 3)
-    with pytest.raises(ValueError, match="does not fit"):
-        embed_beam(*lists, width=2, steps=3)
-    with pytest.raises(ValueError, match="does not fit"):
-        embed_beam(*lists, width=3, steps=2)
+def test_an_iteration_runs_in_the_cheapest_tier_that_holds_its_shape():
+    tiers = tier_shapes(4, 4, 8, limit=16)
+    assert covering_tier((2, 1), tiers, 8) == (2, 1)
+    assert covering_tier((3, 3), tiers, 8) == (3, 4)  # no width-3 tier: the next width up
+    assert covering_tier((4, 4), tiers, 8) == (4, 4)
+    assert covering_tier((0, 1), tiers, 8) == (0, 4)
+    # Without the tier it asks for, the configured search holds every shape.
+    assert covering_tier((2, 2), ((4, 4), (1, 1)), 8) == (4, 4)
+    assert covering_tier((0, 1), ((4, 4),), 8) is None
+    assert covering_tier((5, 1), tiers, 8) is None
 
 
 @pytest.mark.parametrize("width", [1, 2, 3])

@@ -6,6 +6,8 @@ imports SGLang. One module per job:
 - `runtime`: the process's config, policy and verify cost profile, built once at start-up;
 - `request_state`: per-request SLO bookkeeping on SGLang's `Req`;
 - `tree`: SGLang's verify tree to and from the policy's `Candidates`;
-- `draft_tiers` / `early_exit`: the adapters of the draft tiers' and early exit's math
-  (`speculative/draft_tiers.py`, `speculative/early_exit.py`).
+- `tier_states`: the draft tiers as SGLang runtime states, built at start-up and swapped per
+  iteration; `plain_decode`: the steps-0 iteration, warm or cold;
+- `draft_tiers` / `early_exit`: the adapters of the draft tiers' beam search and the early
+  exit's math (`speculative/draft_tiers.py`, `speculative/early_exit.py`).
 """

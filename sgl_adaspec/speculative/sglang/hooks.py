@@ -17,6 +17,7 @@ one entry per iteration) through SGLang's `customized_info`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -24,10 +25,10 @@ import torch
 
 from sgl_adaspec.speculative.policies.base import IterationInput, Outcome, PolicyBase, make_outcome
 from sgl_adaspec.speculative.sglang import request_state
-from sgl_adaspec.speculative.sglang.draft_tiers import run_draft, runs_tiers
+from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs, run_draft
 from sgl_adaspec.speculative.sglang.early_exit import exit_run, llama_model_forward, plan_exit_run
 from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration, iteration_scope
-from sgl_adaspec.speculative.sglang.plain_decode import plain_decode
+from sgl_adaspec.speculative.sglang.plain_decode import plain_decode, warm_shape
 from sgl_adaspec.speculative.sglang.runtime import (
     add_internal_state,
     current_policy,
@@ -44,6 +45,7 @@ from sgl_adaspec.speculative.sglang.tree import (
     scatter_rows,
     verify_tree_parents,
 )
+from sgl_adaspec.speculative.sglang.tier_states import TierStates, extend_width, in_tier
 
 logger = logging.getLogger(__name__)
 
@@ -67,32 +69,36 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         with iteration_scope():
             return original(worker, batch, *args, **kwargs)
     num_requests = len(batch.reqs)
-    sync, plain_states = runtime().tp_sync, runtime().plain_states
+    sync, tiers = runtime().tp_sync, runtime().tiers
+    configured = (worker.speculative_num_steps, worker.topk)
     after_prefill = clock.last_decode_end_s is None
     start = clock.cycle_start(clock.now())
     with iteration_scope() as scope:
         if sync.leads:
             # slo_batch attaches the SLO clock of requests decoding for the first time.
             scope.slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
-            shape = policy.draft_shape(
-                num_requests, worker.speculative_num_steps, worker.topk, scope.slo
-            )
-            # A plain iteration keeps the draft's state where the policy asks and SGLang built
-            # a steps-0 runtime state (`plain_decode`).
-            warm = shape[0] == 0 and plain_states is not None and policy.keep_draft_warm()
+            shape = policy.draft_shape(num_requests, *configured, scope.slo)
+            # A plain iteration keeps the draft's state where the policy asks and the steps-0
+            # tier was built (`plain_decode`).
+            warm = shape[0] == 0 and warm_shape(tiers) is not None and policy.keep_draft_warm()
+            if shape[0] > 0:
+                shape = _tier_of(tiers, shape, batch) or configured
         depth, width, warm = sync.value((*shape, warm) if sync.leads else None)
         scope.draft_shape = (depth, width)
         scope.plain = depth == 0
         if scope.plain:
-            with plain_decode(worker, plain_states if warm else None):
+            with plain_decode(worker, tiers if warm else None):
                 verify_start = clock.now()
                 result = original(worker, batch, *args, **kwargs)
                 scope.verify_ms = 1000 * (clock.now() - verify_start)
                 scope.accepted = result.accept_lens
         else:
-            if not runtime().draft_tiers:
-                scope.draft_shape = None
-            result = original(worker, batch, *args, **kwargs)
+            scope.draft_ran = (depth, width)
+            tier = contextlib.nullcontext()
+            if (depth, width) != configured:
+                tier = in_tier(worker, tiers, (depth, width), batch.spec_info)
+            with tier:
+                result = original(worker, batch, *args, **kwargs)
     end = clock.now()
     clock.last_decode_end_s = end
     if not sync.leads:
@@ -107,6 +113,14 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         policy.observe(_outcome(batch, scope, iteration_ms, after_prefill, warm))
     report_to_dispatcher(policy)
     return result
+
+
+def _tier_of(tiers: TierStates | None, shape: tuple[int, int], batch) -> tuple[int, int] | None:
+    """The built tier an iteration asking the draft for `shape` runs in; None (the configured
+    search) without tiers and for drafts whose distribution the verify reads."""
+    if tiers is None or needs_draft_probs(batch.sampling_info):
+        return None
+    return tiers.covering(shape)
 
 
 def _outcome(
@@ -130,14 +144,24 @@ def _outcome(
 
 
 def draft_forward(original: Callable, draft_worker, forward_batch):
-    """AROUND `EagleDraftWorker.draft_forward`: the beam search at the policy's draft shape."""
-    scope = current_iteration()
-    if scope is None or forward_batch.forward_mode.is_idle():
+    """AROUND `EagleDraftWorker.draft_forward`: the beam search of the iteration's tier."""
+    if current_iteration() is None:
         return original(draft_worker, forward_batch)
-    tiered = runs_tiers(draft_worker, forward_batch)
-    shape = scope.draft_shape if tiered else None
-    scope.draft_ran = shape or (draft_worker.speculative_num_steps, draft_worker.topk)
-    return run_draft(original, draft_worker, forward_batch, shape)
+    tiers = runtime().tiers
+    in_a_tier = tiers is not None and (
+        (draft_worker.speculative_num_steps, draft_worker.topk) != tiers.configured
+    )
+    return run_draft(original, draft_worker, forward_batch, in_a_tier)
+
+
+def draft_extend_for_decode(original: Callable, draft_worker, *args, **kwargs):
+    """AROUND `EagleDraftWorker._draft_extend_for_decode`: a tier's draft extend keeps the
+    configured width, so the next iteration may draft in any tier (`tier_states`)."""
+    tiers = runtime().tiers if runtime() is not None else None
+    if tiers is None or draft_worker.topk == tiers.configured[1]:
+        return original(draft_worker, *args, **kwargs)
+    with extend_width(draft_worker, tiers.configured[1]):
+        return original(draft_worker, *args, **kwargs)
 
 
 def organize_draft_results(original: Callable, score_list, token_list, parents_list, num_draft):
@@ -319,6 +343,11 @@ def register(registry, hook_type) -> None:
     registry.register(
         "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward",
         draft_forward,
+        around,
+    )
+    registry.register(
+        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode",
+        draft_extend_for_decode,
         around,
     )
     registry.register(

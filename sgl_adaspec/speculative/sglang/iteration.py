@@ -23,10 +23,9 @@ class Iteration:
     (`current_iteration()`), nothing is left on SGLang's objects.
     - slo: the running requests' SLO state, taken once as the iteration starts;
     - plain: the iteration runs without speculation (the policy's draft depth was 0);
-    - draft_shape: the (depth, width) the policy asked the draft for; draft_ran: the shape the
-      draft actually ran (the configured one where tiers are not supported);
+    - draft_shape: the (depth, width) the iteration runs with (its draft tier, `tier_states`;
+      depth 0: plain); draft_ran: the draft's shape (the configured one without tiers);
     - path_prob [bs, ntok-1]: f of SGLang's candidate nodes, in its node order (root excluded);
-      negative for padding nodes of a draft tier (`draft_tiers`);
     - parents [bs, ntok] int64 (CPU): the draft tree's parent links (`tree.verify_tree_parents`);
     - policy_input / decision: what the policy saw and decided;
     - keep [bs, ntok] bool: nodes verified (closed under parent, roots included);

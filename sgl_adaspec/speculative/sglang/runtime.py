@@ -13,7 +13,8 @@ from sgl_adaspec.scheduler.dp_adapter import ReplicaReporter, reporter_of_schedu
 from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.base import PolicyBase
-from sgl_adaspec.speculative.sglang.plain_decode import PlainStates, build_plain_states
+from sgl_adaspec.speculative.draft_tiers import tier_shapes
+from sgl_adaspec.speculative.sglang.tier_states import TierStates, build_tier_states
 from sgl_adaspec.speculative.sglang.tp_sync import TpSync, clock_rate, tp_sync_of_scheduler
 from sgl_adaspec.speculative.stats import replicas_total
 
@@ -46,19 +47,19 @@ class LoopClock:
 class Runtime:
     """The plugin's state in one scheduler process, built once when the scheduler starts
     (`scheduler_started`): the parsed flags, the policy (None for `static` or without an EAGLE
-    v2 worker), the verify cost profile it was seeded with, whether draft tiers run, and the
-    TP group whose rank 0 decides for all (`tp_sync`)."""
+    v2 worker), the verify cost profile it was seeded with, the draft tiers built, and the TP
+    group whose rank 0 decides for all (`tp_sync`)."""
 
     config: AdaspecConfig
     policy: PolicyBase | None = None
     cost_profile: VerifyCostProfile | None = None
-    draft_tiers: bool = False
     clock: LoopClock = field(default_factory=LoopClock)
     tp_sync: TpSync = field(default_factory=TpSync)
     # This replica's SLO report to the DP controller (`--slo-dispatch on`, TP rank 0 only).
     reporter: ReplicaReporter | None = None
-    # SGLang's runtime states for warm plain iterations (None: plain iterations run cold).
-    plain_states: PlainStates | None = None
+    # SGLang runtime states of the draft tiers, steps 0 (warm plain iterations) included; None:
+    # the configured search always runs and plain iterations run cold.
+    tiers: TierStates | None = None
 
 
 _RUNTIME: Runtime | None = None
@@ -107,13 +108,51 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
             "decides for the group" if sync.leads else "follows rank 0's decisions",
         )  # fmt: skip
     reporter = reporter_of_scheduler(config, sync.leads)
-    # For a policy that may keep the draft warm in plain iterations; every rank builds it (on
-    # CUDA its graph captures are collective).
+    tiers = build_tiers(config, draft_worker, policy)
+    if tiers is not None:
+        policy.stats.draft_tiers = [list(shape) for shape in tiers.shapes]
+    return Runtime(config, policy, profile, clock, sync, reporter, tiers)
+
+
+def build_tiers(config: AdaspecConfig, worker, policy: PolicyBase) -> TierStates | None:
+    """The draft tiers this server runs, built on every rank (on CUDA their graph captures are
+    collective): steps 0 for a policy that may keep the draft warm in plain iterations, and
+    the load-adaptive tiers where `--draft-tiers on` and the device allows (see the flags)."""
+    from sgl_adaspec.platform.cpu.attention import TorchMultiStepDraftBackend
+
+    steps, topk = worker.speculative_num_steps, worker.topk
+    shapes = tier_shapes(steps, topk, worker.speculative_num_draft_tokens, config.draft_tier_limit)
+    draft_backend = worker._draft_worker.draft_attn_backend
+    eager = isinstance(draft_backend, TorchMultiStepDraftBackend)
+    on_cuda = str(worker.device).startswith("cuda")
+    if config.draft_tiers == "off":
+        path = "off (--draft-tiers off)"
+        shapes = shapes[:1]
+    elif eager or (on_cuda and config.gpu_draft_tiers == "on"):
+        path = "eager, the plugin's torch draft attention" if eager else "CUDA graphs per tier"
+    else:
+        path = (
+            f"off on {worker.device} (opt in with --gpu-draft-tiers on; not yet validated on "
+            "a GPU): the configured search runs, the policy narrows what is verified"
+            if on_cuda
+            else f"off: draft attention {type(draft_backend).__name__} runs the configured search"
+        )
+        shapes = shapes[:1]
     warm_capable = type(policy).keep_draft_warm is not PolicyBase.keep_draft_warm
-    plain_states = build_plain_states(draft_worker) if warm_capable else None
-    return Runtime(
-        config, policy, profile, config.draft_tiers == "on", clock, sync, reporter, plain_states
-    )
+    if warm_capable and (0, topk) not in shapes:
+        shapes = (*shapes, (0, topk))
+    if len(shapes) == 1:
+        logger.info("sgl_adaspec: draft tiers %s", path)
+        return None
+    tiers = build_tier_states(worker, shapes, config.draft_tier_memory_gb)
+    if tiers is not None:
+        logger.info(
+            "sgl_adaspec: draft tiers %s: %d SGLang runtime states (depth, width) %s, "
+            "%.2f GB of device memory for their graphs%s",
+            path, len(tiers.states), list(tiers.shapes), tiers.memory_gb,
+            "" if tiers.graphs else " (none captured)",
+        )  # fmt: skip
+    return tiers
 
 
 def profile_verify_cost(worker, repeats: int = 3) -> VerifyCostProfile | None:

@@ -24,10 +24,8 @@ def candidates_from_verify_input(
     bs, ntok = verify_input.retrieve_next_token.shape
     draft_tokens = verify_input.draft_token.view(bs, ntok)
     node_parents = parents[:, 1:] - 1  # root (0) -> -1; unlinked (NO_NODE) -> -2
-    # A draft tier's padding nodes carry negative scores (see `draft_tiers`): never candidates.
-    valid = (node_parents >= -1) & (path_prob.cpu() >= 0)
-    # ... nor anything below one (a child can score >= 0 under a padding parent, seldom):
-    # a node is a candidate only if its whole path is.
+    # A node is a candidate only if its whole path is linked.
+    valid = node_parents >= -1
     for _ in range(ntok - 1):
         parent_valid = torch.gather(valid, 1, node_parents.clamp(min=0))
         closed = valid & ((node_parents == -1) | parent_valid)
