@@ -1,5 +1,5 @@
 # The two set-up commands of the README. Each creates or updates .venv first.
-.PHONY: venv demo test test-slow test-all bench bench-serving
+.PHONY: venv demo test test-slow test-all bench bench-serving gpu-check
 
 venv:
 	@bash scripts/setup_venv.sh
@@ -24,3 +24,7 @@ bench: venv
 # SGLang's own serving benchmark: no speculation vs adaserve, side by side (docs/benchmarks.md).
 bench-serving: venv
 	.venv/bin/python -m sgl_adaspec.bench.sglang_serving $(ARGS)
+
+# The GPU path on one CUDA GPU (its own venv, .venv-gpu; see scripts/gpu_check.sh).
+gpu-check:
+	bash scripts/gpu_check.sh

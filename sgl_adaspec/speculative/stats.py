@@ -44,6 +44,7 @@ class SpecStats:
     last_draft_width: int | None = None
     draft_rows: int = 0
     drafts: int = 0
+    graph_drafts: int = 0  # drafts replayed from a captured graph (CUDA)
     # The (depth, width) tiers built at start-up (`sglang.tier_states`), steps 0 included, and
     # the draft iterations run in each ("depth x width").
     draft_tiers: list | None = None
@@ -85,8 +86,10 @@ class SpecStats:
         for sink in self.sinks:
             sink.observe_iteration(verified, accepted, budget, depth, width)
 
-    def observe_draft(self, depth: int, width: int, rows: int) -> None:
+    def observe_draft(self, depth: int, width: int, rows: int, replayed: bool = False) -> None:
+        """One draft of (depth, width) over `rows` draft rows; `replayed`: from a CUDA graph."""
         self.drafts += 1
+        self.graph_drafts += replayed
         self.draft_rows += rows
         self.last_draft_depth, self.last_draft_width = depth, width
         key = f"{depth}x{width}"
@@ -151,6 +154,7 @@ class SpecStats:
             "draft_width": self.last_draft_width,
             "draft_rows_per_iteration": self.draft_rows / self.drafts if self.drafts else None,
             "draft_tiers": self.draft_tiers,
+            "draft_graph_replays": self.graph_drafts,
             "draft_iterations_by_shape": dict(sorted(self.draft_iterations_by_shape.items())),
             "exit_tested_tokens": self.exit_tested_tokens,
             "exited_tokens": self.exited_tokens,

@@ -108,7 +108,8 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         policy.stats.observe_plain(num_requests, warm)
     elif scope.draft_ran is not None:
         depth, width = scope.draft_ran
-        policy.stats.observe_draft(depth, width, (depth - 1) * num_requests * width)
+        rows = (depth - 1) * num_requests * width
+        policy.stats.observe_draft(depth, width, rows, replayed=not scope.draft_forward_ran)
     if scope.verify_ms is not None:
         policy.observe(_outcome(batch, scope, iteration_ms, after_prefill, warm))
     report_to_dispatcher(policy)
@@ -145,8 +146,10 @@ def _outcome(
 
 def draft_forward(original: Callable, draft_worker, forward_batch):
     """AROUND `EagleDraftWorker.draft_forward`: the beam search of the iteration's tier."""
-    if current_iteration() is None:
+    scope = current_iteration()
+    if scope is None:
         return original(draft_worker, forward_batch)
+    scope.draft_forward_ran = True
     tiers = runtime().tiers
     in_a_tier = tiers is not None and (
         (draft_worker.speculative_num_steps, draft_worker.topk) != tiers.configured
@@ -276,6 +279,11 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
         return original(worker, batch, forward_batch, *args, **kwargs)
     spec_info = forward_batch.spec_info
     if not _backend_runs_ragged_verify(worker):
+        warn_once(
+            "sgl_adaspec: ragged verify (the selected nodes only) runs on the plugin's torch "
+            f"attention backend; {type(worker.model_runner.attn_backend).__name__} verifies "
+            "the tier's whole tree and the selection restricts acceptance"
+        )
         if scope.decision is not None and scope.decision.early_exit is not None:
             warn_once(
                 "sgl_adaspec: faser early exit runs on the plugin's torch attention backend "

@@ -25,6 +25,7 @@ class Iteration:
     - plain: the iteration runs without speculation (the policy's draft depth was 0);
     - draft_shape: the (depth, width) the iteration runs with (its draft tier, `tier_states`;
       depth 0: plain); draft_ran: the draft's shape (the configured one without tiers);
+      draft_forward_ran: the draft ran eagerly (`draft_forward`), not as a graph replay;
     - path_prob [bs, ntok-1]: f of SGLang's candidate nodes, in its node order (root excluded);
     - parents [bs, ntok] int64 (CPU): the draft tree's parent links (`tree.verify_tree_parents`);
     - policy_input / decision: what the policy saw and decided;
@@ -40,6 +41,7 @@ class Iteration:
     plain: bool = False
     draft_shape: tuple[int, int] | None = None
     draft_ran: tuple[int, int] | None = None
+    draft_forward_ran: bool = False
     path_prob: torch.Tensor | None = None
     parents: torch.Tensor | None = None
     policy_input: IterationInput | None = None
