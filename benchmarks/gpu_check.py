@@ -7,7 +7,7 @@ serve at 1 to 64 concurrent requests?
 
 Configurations, one server at a time on the same target and draft: no speculation, static EAGLE
 (steps 4, topk 4, 8 draft tokens), SGLang's `--speculative-adaptive` (its own steps switch;
-topk 1, 4 steps), adaserve with the configured search only (`--draft-tiers off`), and adaserve
+topk 1, starting at 3 steps, one of its candidate steps), adaserve with the configured search only (`--draft-tiers off`), and adaserve
 with its draft tiers (`--gpu-draft-tiers on`). Per configuration:
 - lossless: greedy outputs of 8 prompts sent at once, token for token against no speculation's;
 - captures after start-up: SGLang's graph-capture log lines after "fired up" (must be 0);
@@ -46,7 +46,7 @@ def configs(draft: Path) -> dict[str, tuple[str, ...]]:
     return {
         "none": (),
         "static": (*tree, "--spec-policy", "static"),
-        "sglang-adaptive": (*eagle_flags(draft, 4, 1, 5), "--speculative-adaptive"),
+        "sglang-adaptive": (*eagle_flags(draft, 3, 1, 4), "--speculative-adaptive"),
         "adaserve-no-tiers": (*tree, "--spec-policy", "adaserve", "--draft-tiers", "off"),
         "adaserve-tiers": (*tree, "--spec-policy", "adaserve", "--gpu-draft-tiers", "on"),
     }
