@@ -46,15 +46,25 @@ def _tier_cost(shape: Shape, num_draft_tokens: int) -> tuple[int, int, int]:
     return (max(depth - 1, 0) * width, tier_draft_tokens(depth, width, num_draft_tokens), depth)
 
 
-def tier_shapes(steps: int, topk: int, num_draft_tokens: int, limit: int) -> tuple[Shape, ...]:
+def tier_shapes(
+    steps: int,
+    topk: int,
+    num_draft_tokens: int,
+    limit: int,
+    widths: list[int] | None = None,
+    plain: bool = True,
+) -> tuple[Shape, ...]:
     """The tiers to build for a configured (steps, topk, N): the configured shape first, then at
-    most `limit` others, cheapest first: steps 0 (a plain decode that keeps the draft warm),
-    then every depth at each of `tier_widths(topk)`. A chain (width 1) deeper than N - 1 is
-    left out: SGLang verifies a d-step chain as exactly d + 1 nodes."""
+    most `limit` others, cheapest first: steps 0 where `plain` (a plain decode that keeps the
+    draft warm), then every depth at each of `widths` (default `tier_widths(topk)`: the widths
+    a policy may ask for). A chain (width 1) deeper than N - 1 is left out: SGLang verifies a
+    d-step chain as exactly d + 1 nodes."""
     configured = (steps, topk)
-    others = [(0, topk)] + [
+    widths = tier_widths(topk) if widths is None else [w for w in widths if 1 <= w <= topk]
+    others = [(0, topk)] if plain else []
+    others += [
         (depth, width)
-        for width in tier_widths(topk)
+        for width in widths
         for depth in range(1, steps + 1)
         if (depth, width) != configured and not (width == 1 and depth + 1 > num_draft_tokens)
     ]

@@ -46,6 +46,17 @@ def test_tier_set_is_the_configured_search_then_the_cheapest_tiers():
     assert tier_shapes(4, 4, 8, limit=0) == ((4, 4),)
 
 
+def test_tier_set_follows_the_widths_a_policy_asks_for():
+    # A chain policy (tetris) asks for width 1 only and never runs plain.
+    assert tier_shapes(4, 2, 8, limit=16, widths=[1], plain=False) == (
+        (4, 2), (1, 1), (2, 1), (3, 1), (4, 1),
+    )  # fmt: skip
+    # dropin keeps the configured width and varies the depth.
+    assert tier_shapes(4, 2, 8, limit=16, widths=[2], plain=False) == (
+        (4, 2), (1, 2), (2, 2), (3, 2),
+    )  # fmt: skip
+
+
 def test_chains_deeper_than_the_verify_budget_are_left_out():
     # SGLang verifies a d-step chain as d + 1 nodes: with 4 draft tokens, chains of 3 steps.
     shapes = tier_shapes(5, 2, 4, limit=99)

@@ -198,6 +198,9 @@ class AdaservePolicy(PolicyBase):
         self._probe_every = self.config.probe_interval
         super().__post_init__()
 
+    def draft_widths(self, topk: int) -> list[int] | None:
+        return None  # eq. 9 and the cost rule's shape grid ask for any width
+
     def draft_shape(
         self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
     ) -> tuple[int, int]:

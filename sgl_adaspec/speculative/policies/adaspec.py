@@ -296,6 +296,9 @@ class AdaspecPolicy(PolicyBase):
             return None
         return IterationCost(self.draft_step_ms or 0.0, verify_ms)
 
+    def draft_widths(self, topk: int) -> list[int]:
+        return [1]
+
     def draft_shape(
         self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
     ) -> tuple[int, int]:

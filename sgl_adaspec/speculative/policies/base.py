@@ -286,6 +286,11 @@ class PolicyBase:
         Default: the configured search."""
         return steps, topk
 
+    def draft_widths(self, topk: int) -> list[int] | None:
+        """The beam widths `draft_shape` may ask for with `--speculative-eagle-topk` topk: the
+        server builds draft tiers at these (`draft_tiers.tier_shapes`). None: any width."""
+        return [topk]
+
     def _smooth(self, old: float | None, new: float) -> float:
         alpha = self.latency_smoothing
         return new if old is None else (1 - alpha) * old + alpha * new

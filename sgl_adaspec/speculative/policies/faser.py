@@ -384,6 +384,9 @@ class FaserPolicy(PolicyBase):
         mean, var = gp_posterior(x.expand_as(y), y, noise_var, observed, x, cfg.lengthscale)
         return lengths[lcb_argmin(mean, var, cfg.beta)]
 
+    def draft_widths(self, topk: int) -> list[int]:
+        return [1]
+
     def draft_shape(
         self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
     ) -> tuple[int, int]:

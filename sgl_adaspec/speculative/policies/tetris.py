@@ -87,6 +87,9 @@ class TetrisPolicy(PolicyBase):
         self.config.check_steps(draft_steps)
         return draft_steps - self.config.extra
 
+    def draft_widths(self, topk: int) -> list[int]:
+        return [1]
+
     def draft_shape(
         self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
     ) -> tuple[int, int]:

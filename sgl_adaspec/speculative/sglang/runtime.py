@@ -121,7 +121,11 @@ def build_tiers(config: AdaspecConfig, worker, policy: PolicyBase) -> TierStates
     from sgl_adaspec.platform.cpu.attention import TorchMultiStepDraftBackend
 
     steps, topk = worker.speculative_num_steps, worker.topk
-    shapes = tier_shapes(steps, topk, worker.speculative_num_draft_tokens, config.draft_tier_limit)
+    warm_capable = type(policy).keep_draft_warm is not PolicyBase.keep_draft_warm
+    shapes = tier_shapes(
+        steps, topk, worker.speculative_num_draft_tokens, config.draft_tier_limit,
+        policy.draft_widths(topk), plain=warm_capable,
+    )  # fmt: skip
     draft_backend = worker._draft_worker.draft_attn_backend
     eager = isinstance(draft_backend, TorchMultiStepDraftBackend)
     on_cuda = str(worker.device).startswith("cuda")
@@ -138,7 +142,6 @@ def build_tiers(config: AdaspecConfig, worker, policy: PolicyBase) -> TierStates
             else f"off: draft attention {type(draft_backend).__name__} runs the configured search"
         )
         shapes = shapes[:1]
-    warm_capable = type(policy).keep_draft_warm is not PolicyBase.keep_draft_warm
     if warm_capable and (0, topk) not in shapes:
         shapes = (*shapes, (0, topk))
     if len(shapes) == 1:
