@@ -193,8 +193,11 @@ def in_tier(worker, tiers: TierStates, shape: Shape, draft_input=None):
         draft_input.topk_p = draft_input.topk_p[:, :width].contiguous()
         draft_input.topk_index = draft_input.topk_index[:, :width].contiguous()
     _apply(worker, state, width)
-    if width == 1 and depth > 0 and tiers.graphs:
-        worker._draft_worker._rebuild_topk1_chain_buffers()  # SGLang's chain kernel reads them
+    # SGLang's topk-1 draft path reads chain buffers sized for the steps (CUDA graphs only; on
+    # the torch backend chains run the eager beam): rebuilt for the tier, and back after it.
+    chain_buffers = width == 1 and depth > 0 and tiers.graphs
+    if chain_buffers:
+        worker._draft_worker._rebuild_topk1_chain_buffers()
     try:
         with _spec_config(
             speculative_num_steps=state.speculative_num_steps,
@@ -204,6 +207,8 @@ def in_tier(worker, tiers: TierStates, shape: Shape, draft_input=None):
             yield
     finally:
         _apply(worker, configured, tiers.configured[1])
+        if chain_buffers:
+            worker._draft_worker._rebuild_topk1_chain_buffers()
 
 
 @contextlib.contextmanager
