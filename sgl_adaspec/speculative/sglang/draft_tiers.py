@@ -5,8 +5,8 @@ tokens and backends are the tier's), so the draft's layout is the tier's own. Wh
 runs there:
 - the plugin's eager one (`eager_beam`) on the plugin's torch draft attention, where SGLang's
   beam step (`select_top_k_tokens`, torch.compile'd) would compile once per tier width while
-  serving, and for depth-1 tiers on any device (no draft forward at all; SGLang's topk-1 path
-  keeps no path probabilities);
+  serving, and for chain and depth-1 tiers on any device (SGLang's topk-1 path keeps no path
+  probabilities; a depth-1 tier has no draft forward at all);
 - SGLang's own everywhere else (on CUDA from the tier's captured graph when it can run: then
   `draft_forward` is not even called).
 Drafts that carry draft probabilities (rejection sampling) always run the configured search.
@@ -39,6 +39,7 @@ def runs_eager(draft_worker, forward_batch) -> bool:
         and (
             isinstance(draft_worker.draft_attn_backend, TorchMultiStepDraftBackend)
             or draft_worker.speculative_num_steps == 1
+            or draft_worker.topk == 1
         )
     )
 

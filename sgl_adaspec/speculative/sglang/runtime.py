@@ -108,13 +108,15 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
             "decides for the group" if sync.leads else "follows rank 0's decisions",
         )  # fmt: skip
     reporter = reporter_of_scheduler(config, sync.leads)
-    tiers = build_tiers(config, draft_worker, policy)
+    tiers = build_tiers(config, draft_worker, policy, sync)
     if tiers is not None:
         policy.stats.draft_tiers = [list(shape) for shape in tiers.shapes]
     return Runtime(config, policy, profile, clock, sync, reporter, tiers)
 
 
-def build_tiers(config: AdaspecConfig, worker, policy: PolicyBase) -> TierStates | None:
+def build_tiers(
+    config: AdaspecConfig, worker, policy: PolicyBase, sync: TpSync
+) -> TierStates | None:
     """The draft tiers this server runs, built on every rank (on CUDA their graph captures are
     collective): steps 0 for a policy that may keep the draft warm in plain iterations, and
     the load-adaptive tiers where `--draft-tiers on` and the device allows (see the flags)."""
@@ -147,7 +149,9 @@ def build_tiers(config: AdaspecConfig, worker, policy: PolicyBase) -> TierStates
     if len(shapes) == 1:
         logger.info("sgl_adaspec: draft tiers %s", path)
         return None
-    tiers = build_tier_states(worker, shapes, config.draft_tier_memory_gb)
+    tiers = build_tier_states(
+        worker, shapes, config.draft_tier_memory_gb, lambda stop: bool(sync.value(stop))
+    )
     if tiers is not None:
         logger.info(
             "sgl_adaspec: draft tiers %s: %d SGLang runtime states (depth, width) %s, "

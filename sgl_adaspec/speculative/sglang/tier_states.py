@@ -13,13 +13,16 @@ Inside a tier the draft runs the tier's beam search, the target verifies the tie
 with the tier's backend, and the draft extend runs at the configured width (`extend_width`):
 its top-k is the next draft's first step, which any tier then narrows to its own width (the
 top-k is sorted). Steps 0 is the plain decode that keeps the draft warm (`plain_decode`).
+Chain tiers (width 1) keep no draft graph: SGLang's topk-1 path, captured or not, keeps no path
+probabilities, so their draft runs the plugin's eager beam (`sglang.draft_tiers`) on every
+device, and their verify and extend graphs are used.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,19 +62,33 @@ class _QuietSwitches(logging.Filter):
 
 
 def build_tier_states(
-    worker, shapes: tuple[Shape, ...], memory_cap_gb: float | None = None
+    worker,
+    shapes: tuple[Shape, ...],
+    memory_cap_gb: float | None = None,
+    agree: Callable[[bool], bool] = lambda stop: stop,
 ) -> TierStates | None:
     """A runtime state per shape of `shapes` (the first is the configured one, taken as it
-    stands), built in order until the next would pass `memory_cap_gb`. None where this worker
-    cannot build states (the tiers and warm plain iterations are then off)."""
+    stands), built in order until their graphs have taken more than `memory_cap_gb` (the tier
+    that crosses it is kept: its memory is spent). `agree`: rank 0's stop decision on every
+    rank of a TP group (graph captures are collective, so all ranks build the same tiers).
+    None where this worker cannot build states (the tiers and warm plain iterations are then
+    off)."""
     steps, topk = worker.speculative_num_steps, worker.topk
     num_draft_tokens = worker.speculative_num_draft_tokens
     if not hasattr(worker, "build_adaptive_runtime_state") or steps == 0:
         return None
     from sglang.srt.utils import get_available_gpu_memory
 
-    states = {(steps, topk): _current_state(worker)}
-    graphs = states[(steps, topk)].cuda_graph_runner is not None
+    configured = _current_state(worker)
+    states = {(steps, topk): configured}
+    graphs = any(
+        runner is not None
+        for runner in (
+            configured.cuda_graph_runner,
+            configured.target_graph_runner,
+            configured.cuda_graph_runner_for_draft_extend,
+        )
+    )
     used_gb = 0.0
     try:
         for shape in shapes:
@@ -82,9 +99,9 @@ def build_tier_states(
             cost = before - get_available_gpu_memory(worker.device, worker.gpu_id) if graphs else 0
             states[shape] = state
             used_gb += max(cost, 0.0)
-            if memory_cap_gb is not None and used_gb > memory_cap_gb:
+            if agree(memory_cap_gb is not None and used_gb > memory_cap_gb):
                 logger.info(
-                    "sgl_adaspec: draft tiers stop at %s: %.2f GB > --draft-tier-memory-gb %.2f",
+                    "sgl_adaspec: draft tiers stop at %s: %.2f GB > --draft-tier-memory-gb %s",
                     shape, used_gb, memory_cap_gb,
                 )  # fmt: skip
                 break
@@ -126,9 +143,12 @@ def _build(worker, shape: Shape, num_draft_tokens: int):
     )
     try:
         with _spec_config(speculative_eagle_topk=width):
-            return worker.build_adaptive_runtime_state(
+            state = worker.build_adaptive_runtime_state(
                 depth, tier_draft_tokens(depth, width, num_draft_tokens)
             )
+        if width == 1:
+            state.cuda_graph_runner = None  # a chain tier drafts eagerly (see the docstring)
+        return state
     finally:
         del draft._rebuild_topk1_chain_buffers
         worker.topk, draft.topk = configured
@@ -193,11 +213,6 @@ def in_tier(worker, tiers: TierStates, shape: Shape, draft_input=None):
         draft_input.topk_p = draft_input.topk_p[:, :width].contiguous()
         draft_input.topk_index = draft_input.topk_index[:, :width].contiguous()
     _apply(worker, state, width)
-    # SGLang's topk-1 draft path reads chain buffers sized for the steps (CUDA graphs only; on
-    # the torch backend chains run the eager beam): rebuilt for the tier, and back after it.
-    chain_buffers = width == 1 and depth > 0 and tiers.graphs
-    if chain_buffers:
-        worker._draft_worker._rebuild_topk1_chain_buffers()
     try:
         with _spec_config(
             speculative_num_steps=state.speculative_num_steps,
@@ -207,8 +222,6 @@ def in_tier(worker, tiers: TierStates, shape: Shape, draft_input=None):
             yield
     finally:
         _apply(worker, configured, tiers.configured[1])
-        if chain_buffers:
-            worker._draft_worker._rebuild_topk1_chain_buffers()
 
 
 @contextlib.contextmanager
