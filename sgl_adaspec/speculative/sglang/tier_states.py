@@ -30,8 +30,6 @@ from sgl_adaspec.speculative.draft_tiers import Shape, covering_tier, tier_draft
 
 logger = logging.getLogger(__name__)
 
-SWITCH_LOG = "Switch adaptive runtime state"
-
 
 @dataclass(frozen=True)
 class TierStates:
@@ -52,13 +50,6 @@ class TierStates:
     def covering(self, shape: Shape) -> Shape | None:
         """The built tier an iteration asking for `shape` runs in (`covering_tier`)."""
         return covering_tier(shape, self.shapes, self.num_draft_tokens)
-
-
-class _QuietSwitches(logging.Filter):
-    """SGLang logs every runtime-state switch at INFO; a policy may switch every iteration."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(SWITCH_LOG)
 
 
 def build_tier_states(
@@ -108,7 +99,6 @@ def build_tier_states(
     except Exception:  # never stop the server: it then runs the configured search only
         logger.exception("sgl_adaspec: building draft tiers failed; the configured search runs")
         return None
-    logging.getLogger(type(worker).__module__).addFilter(_QuietSwitches())
     return TierStates((steps, topk), num_draft_tokens, states, used_gb, graphs)
 
 
