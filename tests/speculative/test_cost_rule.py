@@ -330,6 +330,25 @@ def test_adaserve_explores_the_full_shape_and_a_one_step_chain():
     assert shapes == [(2, 1)] * 2 + [(4, 2)] + [(2, 1)] * 2 + [(1, 1)]
 
 
+def test_adaserve_explores_a_full_depth_chain_where_the_full_search_costs_too_much():
+    # Draft rows now cost 0.1 ms each (0.8 ms per step, 0.1 fixed): at 8 requests the full
+    # 4 x 2 search (56 rows) costs 8.5 ms more than the planned 2 x 1 chain, over 25 % of the
+    # planned iteration; the 4-deep chain (32 rows) keeps the deeper shapes' gain known.
+    def policy_at(num_requests: int) -> AdaservePolicy:
+        policy = speculating_policy(AdaserveConfig(explore_interval=3))
+        policy.draft_latency.seed([((1, 1), 1.0), ((4, 7), 4.0), ((1, 101), 11.0)])
+        policy.plain_latency.seed([((num_requests, 10), 10.0)])
+        return policy
+
+    batch = slo([math.nan] * 8)
+    light, heavy = policy_at(1), policy_at(8)
+    assert [drafted(light, 1, 4, 2, slo([math.nan]))[0:2] for _ in range(3)][-1] == (4, 2)
+    shapes = [drafted(heavy, 8, 4, 2, batch) for _ in range(6)]
+    planned = shapes[0]
+    assert planned[0] < 4  # speculating, below the full depth
+    assert shapes == [planned] * 2 + [(4, 1)] + [planned] * 2 + [(1, 1)]
+
+
 def test_adaserve_remeasures_a_plain_decode_while_speculating():
     policy = speculating_policy(AdaserveConfig(explore_interval=1000))
     shapes = [drafted(policy, 1, 4, 2, slo([math.nan])) for _ in range(4 * REMEASURE_PLAIN)]

@@ -55,6 +55,9 @@ PLAN_REUSE = 8
 # let the fit tell a stalled measurement from the price).
 FIRST_REMEASURE = 8
 REMEASURE_PLAIN = 128
+# The most an exploring draft of the full configured search may cost beyond the planned draft,
+# as a share of the planned iteration; past it the exploring draft is a chain (`_explore_shape`).
+EXPLORE_COST = 0.25
 # Plain iterations of one re-measurement: only the second is a steady price (`PolicyBase.observe`).
 REMEASURE_RUN = 2
 
@@ -258,7 +261,8 @@ class AdaservePolicy(PolicyBase):
             # draft's cost at one step: with the planned depth alone, the cost per step and
             # the fixed cost could not be told apart).
             self._explores += 1
-            shape = full if self._explores % 2 else (1, 1)
+            explore = self._explores % 2
+            shape = self._explore_shape(num_requests, full, planned) if explore else (1, 1)
         else:
             shape = (planned.depth, planned.width)
         explored = planned is None or shape != (planned.depth, planned.width)
@@ -266,6 +270,23 @@ class AdaservePolicy(PolicyBase):
         if planned is not None:
             self._report(planned, shape)
         return shape
+
+    def _explore_shape(self, num_requests: int, full: tuple[int, int], planned) -> tuple[int, int]:
+        """The exploring draft that keeps the gain of shapes beyond the planned one known (and
+        the draft's cost per step: a fit of depth-1 drafts alone cannot tell it from the fixed
+        cost, and may lock the plan at depth 1): the full configured search, or, where that
+        costs more than `EXPLORE_COST` of the planned iteration beyond the planned draft, a
+        chain of the full depth. A shape's gain per request hardly depends on the load, but a
+        wide draft's cost grows with it (n * w rows per step): under heavy load the full search
+        would take a large share of every explored iteration."""
+        steps, _ = full
+
+        def draft_ms(depth: int, width: int) -> float:
+            rows = draft_rows(depth, width, num_requests)
+            return self.draft_latency.predict((depth, rows)) or 0.0
+
+        extra_ms = draft_ms(*full) - draft_ms(planned.depth, planned.width)
+        return full if extra_ms <= EXPLORE_COST * planned.iteration_ms else (steps, 1)
 
     @staticmethod
     def _can_afford_probe(slo: SloBatch, planned) -> bool:
