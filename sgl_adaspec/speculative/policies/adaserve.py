@@ -213,10 +213,10 @@ class AdaservePolicy(PolicyBase):
         per ms is highest (`cost_rule.plan_shape`), and d = 0 (no speculation) when a plain
         decode's is higher. The first iteration at each load (within 2x) runs plain (its cost is
         measured, never extrapolated; the server's very first is a warm-up, not measured); the
-        full configured shape runs until a plan exists, every
-        `explore_interval` speculative iterations, and in probes, so every shape's gain stays
-        measured. A draft after a plain iteration is a depth-1 chain (the draft's state is stale
-        then). While not speculating, every `probe_interval` iterations (doubling while probes
+        full configured shape runs until a plan exists and in probes, and every
+        `explore_interval` speculative iterations an exploring draft runs (`_explore_shape`),
+        so every shape's gain stays measured. A draft after a plain iteration is a depth-1
+        chain (the draft's state is stale then). While not speculating, every `probe_interval` iterations (doubling while probes
         find that it does not pay) a probe speculates twice: that cold chain, then a full draft
         that re-measures what speculation returns."""
         if self.config.budget_rule == "knee":
@@ -279,14 +279,14 @@ class AdaservePolicy(PolicyBase):
         chain of the full depth. A shape's gain per request hardly depends on the load, but a
         wide draft's cost grows with it (n * w rows per step): under heavy load the full search
         would take a large share of every explored iteration."""
-        steps, _ = full
+        full_ms = self._draft_ms(*full, num_requests)
+        extra_ms = full_ms - self._draft_ms(planned.depth, planned.width, num_requests)
+        return full if extra_ms <= EXPLORE_COST * planned.iteration_ms else (full[0], 1)
 
-        def draft_ms(depth: int, width: int) -> float:
-            rows = draft_rows(depth, width, num_requests)
-            return self.draft_latency.predict((depth, rows)) or 0.0
-
-        extra_ms = draft_ms(*full) - draft_ms(planned.depth, planned.width)
-        return full if extra_ms <= EXPLORE_COST * planned.iteration_ms else (steps, 1)
+    def _draft_ms(self, depth: int, width: int, num_requests: int) -> float:
+        """The draft's predicted cost for a depth x width beam over `num_requests` (0 unfitted)."""
+        rows = draft_rows(depth, width, num_requests)
+        return self.draft_latency.predict((depth, rows)) or 0.0
 
     @staticmethod
     def _can_afford_probe(slo: SloBatch, planned) -> bool:
@@ -431,8 +431,7 @@ class AdaservePolicy(PolicyBase):
             calibrated = self.acceptance.apply(shaped.path_prob)
             if not self._cold:
                 self.gain.observe(shaped, plan.depth, plan.width, slo_group_keys(slo.tpot_slo_ms))
-            rows = draft_rows(plan.depth, plan.width, cands.num_requests)
-            sunk_ms = self.draft_latency.predict((plan.depth, rows)) or 0.0
+            sunk_ms = self._draft_ms(plan.depth, plan.width, cands.num_requests)
             budget = cost_budget(
                 calibrated,
                 shaped.valid,
