@@ -216,9 +216,9 @@ class AdaservePolicy(PolicyBase):
         full configured shape runs until a plan exists and in probes, and every
         `explore_interval` speculative iterations an exploring draft runs (`_explore_shape`),
         so every shape's gain stays measured. A draft after a plain iteration is a depth-1
-        chain (the draft's state is stale then). While not speculating, every `probe_interval` iterations (doubling while probes
-        find that it does not pay) a probe speculates twice: that cold chain, then a full draft
-        that re-measures what speculation returns."""
+        chain (the draft's state is stale then). While not speculating, every `probe_interval`
+        iterations (doubling while probes find that it does not pay) a probe speculates twice:
+        that cold chain, then a full draft that re-measures what speculation returns."""
         if self.config.budget_rule == "knee":
             depth, width = tree_shape(num_requests, self.config.tree)
             return min(depth, steps), min(width, topk)
