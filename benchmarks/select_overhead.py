@@ -1,6 +1,6 @@
 """CPU time of AdaServe's selection at serving scale: n = 256 requests, depth 8, width 4.
 
-    python benchmarks/select_overhead.py [--runs N] [--threads T]
+    python benchmarks/select_overhead.py [--runs N] [--threads T] [--device cuda]
 
 Candidates are beam-search shaped (d layers of w nodes, each node's parent in the layer above,
 f = parent f * a random draft probability), N = d * w = 32 per request, budget B = 1024 tokens
@@ -9,7 +9,9 @@ share the budget), in [0, d + 2) (the SLO phase takes it all), all 0 (best effor
 batch-wide top-k). Each figure is the median over `--runs` timed calls after warm-up. `select`
 times select_adaserve on a Candidates whose tree depth is already known (cached on the object,
 as it is for the rest of an iteration); `build+select` also pays Candidates' validation and
-depth computation. Last line: adaserve_select_ms=<the largest `select` median of the mixes>.
+depth computation. With `--device cuda` the tensors live on the GPU (as the draft's outputs do
+in a CUDA server), each timed call ends with a device synchronize, and every mix's selection is
+checked equal to the CPU's. Last line: adaserve_select_ms=<the largest `select` median>.
 """
 
 from __future__ import annotations
@@ -48,13 +50,18 @@ def beam_candidates(generator: torch.Generator) -> dict[str, torch.Tensor]:
     }
 
 
-def median_ms(fn, runs: int) -> float:
-    for _ in range(10):
+def median_ms(fn, runs: int, device: torch.device) -> float:
+    def call():
         fn()
+        if device.type == "cuda":  # the selection's result is needed on the host right after
+            torch.cuda.synchronize(device)
+
+    for _ in range(10):
+        call()
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        fn()
+        call()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
@@ -63,12 +70,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None, help="default: torch's default")
+    parser.add_argument("--device", default="cpu", help="where the tensors live (cpu, cuda)")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
 
     generator = torch.Generator().manual_seed(0)
-    fields = beam_candidates(generator)
+    cpu_fields = beam_candidates(generator)
+    fields = {name: tensor.to(device) for name, tensor in cpu_fields.items()}
     cands = Candidates(**fields)
     uniform = torch.rand(NUM_REQUESTS, generator=generator)
     mixes = {
@@ -76,13 +86,19 @@ def main() -> None:
         f"A~U[0,{DEPTH + 2})": uniform * (DEPTH + 2),
         "best effort": torch.zeros(NUM_REQUESTS),
     }
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, runs {args.runs}")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"torch {torch.__version__}, {where}, threads {torch.get_num_threads()}, "
+          f"runs {args.runs}")
     print(f"n={NUM_REQUESTS} d={DEPTH} w={WIDTH} N={DEPTH * WIDTH} budget={BUDGET} "
           f"n_max={MAX_NODES_PER_REQUEST}")
-    static_ms = median_ms(lambda: select_static(cands, BUDGET // NUM_REQUESTS - 1), args.runs)
+    static_ms = median_ms(
+        lambda: select_static(cands, BUDGET // NUM_REQUESTS - 1), args.runs, device
+    )
     print(f"select_static: median {static_ms:.3f} ms")
     worst_ms = 0.0
-    for name, required in mixes.items():
+    differing = 0
+    for name, cpu_required in mixes.items():
+        required = cpu_required.to(device)
 
         def select(required=required):
             return select_adaserve(cands, required, BUDGET, MAX_NODES_PER_REQUEST)
@@ -91,15 +107,22 @@ def main() -> None:
             fresh = Candidates(**fields)
             return select_adaserve(fresh, required, BUDGET, MAX_NODES_PER_REQUEST)
 
-        select_ms = median_ms(select, args.runs)
-        build_ms = median_ms(build_and_select, args.runs)
+        select_ms = median_ms(select, args.runs, device)
+        build_ms = median_ms(build_and_select, args.runs, device)
         worst_ms = max(worst_ms, select_ms)
         selection = select()
+        if device.type != "cpu":
+            on_cpu = select_adaserve(
+                Candidates(**cpu_fields), cpu_required, BUDGET, MAX_NODES_PER_REQUEST
+            )
+            differing += int(not torch.equal(on_cpu.mask, selection.mask.cpu()))
         slo_nodes = int(selection.slo_counts.sum())
         top_nodes = int(selection.counts.sum()) - slo_nodes
         print(f"{name}: select median {select_ms:.3f} ms, build+select median {build_ms:.3f} ms; "
               f"tokens {selection.total_tokens} = {NUM_REQUESTS} roots + {slo_nodes} SLO phase "
               f"+ {top_nodes} throughput phase")
+    if device.type != "cpu":
+        print(f"selections differing from the CPU's: {differing} of {len(mixes)}")
     print(f"adaserve_select_ms={worst_ms:.3f}")
 
 
