@@ -57,6 +57,9 @@ class SpecStats:
     # those of them that kept the draft's state (its extend ran: `PolicyBase.keep_draft_warm`).
     plain_iterations: int = 0
     warm_plain_iterations: int = 0
+    # Drafts that first computed the top-k a warm plain iteration's extend left to them
+    # (`sglang.deferred_topk`).
+    deferred_topk_drafts: int = 0
     # Accepted draft tokens per verify (bonus excluded): predicted by the raw path
     # probabilities, by the calibrated ones, and observed; decayed sums (weight 0.98 per
     # iteration), so the ratios describe the recent past, after warm-up.
@@ -169,6 +172,7 @@ class SpecStats:
             ),
             "plain_iterations": self.plain_iterations,
             "warm_plain_iterations": self.warm_plain_iterations,
+            "deferred_topk_drafts": self.deferred_topk_drafts,
             # predicted / observed accepted draft tokens; 1.0 = calibrated (None: no data yet).
             "acceptance_predicted_over_observed": _ratio(self.predicted_raw, self.observed_accepted),
             "acceptance_calibrated_over_observed": _ratio(

@@ -101,7 +101,9 @@ def test_adaserve_commits_drafts_where_the_draft_is_right(
     # The bigram draft is always right: its speculative iterations commit several tokens, and
     # the calibration sees the draft's path probabilities understate that. Its plain
     # iterations keep the draft's state (SGLang's steps-0 runtime state with the draft extend),
-    # at least until the gain is known; the outputs stay token-identical across the switches.
+    # at least until the gain is known; that extend skips the draft's lm_head, and the draft
+    # that follows computes the top-k first (`deferred_topk`). The outputs stay
+    # token-identical across the switches.
     outputs, state = run_policy(
         tmp_path_factory, models.bigram_target, models.bigram_eagle_draft, ("adaserve",)
     )
@@ -110,3 +112,4 @@ def test_adaserve_commits_drafts_where_the_draft_is_right(
     assert stats["iterations"] > 0 and stats["accepted_tokens_per_verify"] > 1.5
     assert stats["acceptance_predicted_over_observed"] < 1.0
     assert stats["warm_plain_iterations"] > 0
+    assert stats["deferred_topk_drafts"] > 0

@@ -28,6 +28,7 @@ from sgl_adaspec.speculative.sglang import request_state
 from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs, run_draft
 from sgl_adaspec.speculative.sglang.early_exit import exit_run, llama_model_forward, plan_exit_run
 from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration, iteration_scope
+from sgl_adaspec.speculative.sglang.deferred_topk import fill_topk
 from sgl_adaspec.speculative.sglang.plain_decode import plain_decode, warm_shape
 from sgl_adaspec.speculative.sglang.runtime import (
     add_internal_state,
@@ -87,7 +88,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         scope.draft_shape = (depth, width)
         scope.plain = depth == 0
         if scope.plain:
-            with plain_decode(worker, tiers if warm else None):
+            with plain_decode(worker, tiers if warm else None, runtime().deferred_topk):
                 verify_start = clock.now()
                 result = original(worker, batch, *args, **kwargs)
                 scope.verify_ms = 1000 * (clock.now() - verify_start)
@@ -142,6 +143,18 @@ def _outcome(
         after_prefill=after_prefill,
         draft_kept=draft_kept,
     )
+
+
+def draft(original: Callable, draft_worker, batch, *args, **kwargs):
+    """AROUND `EagleDraftWorker.draft`: a top-k that the last warm plain iteration left to the
+    next draft is computed first (`deferred_topk`)."""
+    deferred = runtime().deferred_topk if runtime() is not None else None
+    if deferred is not None and deferred.pending and not batch.forward_mode.is_idle():
+        fill_topk(draft_worker, batch)
+        deferred.pending = False
+        if (policy := current_policy()) is not None:
+            policy.stats.deferred_topk_drafts += 1
+    return original(draft_worker, batch, *args, **kwargs)
 
 
 def draft_forward(original: Callable, draft_worker, forward_batch):
@@ -348,6 +361,9 @@ def register(registry, hook_type) -> None:
     )
     registry.register(f"{worker}.forward_batch_generation", forward_batch_generation, around)
     registry.register(f"{worker}.verify", verify, around)
+    registry.register(
+        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft", draft, around
+    )
     registry.register(
         "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward",
         draft_forward,

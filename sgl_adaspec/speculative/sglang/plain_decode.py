@@ -4,8 +4,9 @@ Two ways, chosen per iteration by the policy (`PolicyBase.keep_draft_warm`):
 - **warm**: the steps-0 tier (`tier_states`: SGLang's adaptive runtime state for steps 0,
   built once at start-up, on CUDA with its own graphs), as SGLang's `--speculative-adaptive`
   switches to it: a one-node verify of each request's bonus token, then the draft extend,
-  which keeps the draft's KV cache and top-k current, so a later draft starts from the
-  request's full context;
+  which keeps the draft's KV cache current, so a later draft starts from the request's full
+  context (the extend skips its lm_head where it can: the top-k is computed at the next draft,
+  `deferred_topk`);
 - **cold**: the same one-node verify with the worker's step counts set to 0 and the draft extend
   skipped (`SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`): no draft work at all, but the next draft
   starts from a zeroed top-k (its path probabilities are 0, so nothing of it is verified) and
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 
+from sgl_adaspec.speculative.sglang.deferred_topk import DeferredTopk, extend_without_lm_head
 from sgl_adaspec.speculative.sglang.tier_states import TierStates, in_tier
 
 
@@ -26,14 +28,16 @@ def warm_shape(tiers: TierStates | None):
 
 
 @contextlib.contextmanager
-def plain_decode(worker, tiers: TierStates | None):
+def plain_decode(worker, tiers: TierStates | None, deferred: DeferredTopk):
     """The worker's iteration inside runs as a plain decode: warm in the steps-0 tier of
-    `tiers`, cold without one."""
+    `tiers`, cold without one. `deferred` follows the draft's top-k: left to the next draft by
+    a warm extend without its lm_head, zeroed by a cold iteration."""
     shape = warm_shape(tiers)
     if shape is not None:
-        with in_tier(worker, tiers, shape):
+        with in_tier(worker, tiers, shape), extend_without_lm_head(worker.draft_worker, deferred):
             yield
         return
+    deferred.pending = False  # SGLang zeroes the draft's state: a cold draft follows
     from sglang.srt.environ import envs
 
     saved = (worker.speculative_num_steps, worker.speculative_num_draft_tokens)

@@ -14,6 +14,7 @@ from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.base import PolicyBase
 from sgl_adaspec.speculative.draft_tiers import tier_shapes
+from sgl_adaspec.speculative.sglang.deferred_topk import DeferredTopk
 from sgl_adaspec.speculative.sglang.tier_states import TierStates, build_tier_states
 from sgl_adaspec.speculative.sglang.tp_sync import TpSync, clock_rate, tp_sync_of_scheduler
 from sgl_adaspec.speculative.stats import replicas_total
@@ -60,6 +61,8 @@ class Runtime:
     # SGLang runtime states of the draft tiers, steps 0 (warm plain iterations) included; None:
     # the configured search always runs and plain iterations run cold.
     tiers: TierStates | None = None
+    # Whether the running batch's draft top-k waits for its next draft (`deferred_topk`).
+    deferred_topk: DeferredTopk = field(default_factory=DeferredTopk)
 
 
 _RUNTIME: Runtime | None = None
