@@ -225,7 +225,9 @@ def plan_shape(
     T / SLO. Its tokens count in full up to that need and with weight `surplus_weight` beyond
     it; a best-effort request's count in full. The objective is the batch's counted tokens per
     ms: speed goes first to the requests that need it, the rest of the choice is throughput,
-    which also drains the queue. The draft's cost is priced by its rows, so a wide beam must
+    which also drains the queue. A shape under which some SLO group expects fewer tokens per
+    ms than a plain decode gives (by `margin`, to switch) is no choice: no request is slowed
+    down to speed up others. The draft's cost is priced by its rows, so a wide beam must
     return more than its n * w rows per step cost (past the peak load a chain beats a wider
     tree)."""
     n = slo.num_requests
@@ -243,12 +245,14 @@ def plan_shape(
     keys = slo_group_keys(slo.tpot_slo_ms)
     counted = torch.zeros_like(iteration)  # tokens per iteration as the objective counts them
     committed = torch.zeros_like(iteration)  # expected tokens per iteration
+    slowest = torch.full_like(iteration, math.inf)  # the slowest SLO group's tokens per iteration
     plain_counted = 0.0
     for key in set(keys):
         members = torch.tensor([k == key for k in keys])
         count = int(members.sum())
         expected = 1.0 + gain.group_table(key)  # [S, K]
         committed += count * expected
+        slowest = torch.minimum(slowest, expected)
         if key is None:
             counted += count * expected
             plain_counted += count
@@ -263,6 +267,10 @@ def plan_shape(
     objective = counted / iteration
     objective[:, 0] = -1.0  # k = 0 with a draft is never better than a plain decode
     objective[~gain.reached] = -1.0
+    # No request is served slower than a plain decode would serve it: every SLO group must
+    # expect more tokens per ms than a plain decode gives (by `margin` to switch), or the
+    # shape is not a choice, however much the others gain.
+    objective[slowest / iteration < (1.0 + margin) / plain_ms] = -1.0
     best = int(torch.argmax(objective))
     s, nodes = divmod(best, size)
     d, w = shapes[s]

@@ -198,6 +198,25 @@ def test_speed_goes_to_the_requests_that_need_it():
     assert plan(gain, 2, linear_ms(10.0, 2.0)).depth > 0
 
 
+def test_no_slo_group_is_slowed_down_to_speed_up_another():
+    """r0 (SLO 5 ms, out of reach) has a draft that is almost always right, r1 (SLO 100 ms) one
+    that never is. Verify: 10 ms + 2 ms per extra token, draft free; plain decode 12 ms. A
+    1-node chain each (16 ms) scores higher: (1.95 + 0.16 + 0.1 x 0.84) / 16 = .137 against
+    plain's (1 + 0.12 + 0.1 x 0.88) / 12 = .101. But r1 would get 1 token per 16 ms where a
+    plain decode gives it 1 per 12: the plan stays plain."""
+    gain = ShapeGain(max_nodes=4)
+    gain.observe(beam([[[0.95]] * 4, [[0.0]] * 4]), 4, 1, groups=[5.0, 100.0])
+    gain.refresh(lambda f: f)
+    choice = plan(gain, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0]))
+    assert choice.depth == 0
+    assert choice.plain_objective == pytest.approx((1 + 0.12 + 0.1 * 0.88) / 12)
+    # With r1's draft as good as r0's, both gain and the plan speculates.
+    good = ShapeGain(max_nodes=4)
+    good.observe(beam([[[0.95]] * 4, [[0.95]] * 4]), 4, 1, groups=[5.0, 100.0])
+    good.refresh(lambda f: f)
+    assert plan(good, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0])).depth > 0
+
+
 def test_cost_budget_stops_where_the_rate_peaks():
     # f' = 0.9, 0.5, 0.1; verify 10 ms + 2 ms per extra token; draft already paid.
     # m = 0: 1/10 = .100, m = 1: 1.9/12 = .158, m = 2: 2.4/14 = .171, m = 3: 2.5/16 = .156.
