@@ -1,6 +1,6 @@
 """CPU time of AdaServe's selection at serving scale: n = 256 requests, depth 8, width 4.
 
-    python benchmarks/select_overhead.py [--runs N] [--threads T] [--device cuda]
+    python benchmarks/select_overhead.py [--runs N] [--threads T] [--device cuda] [--profile]
 
 Candidates are beam-search shaped (d layers of w nodes, each node's parent in the layer above,
 f = parent f * a random draft probability), N = d * w = 32 per request, budget B = 1024 tokens
@@ -11,7 +11,9 @@ times select_adaserve on a Candidates whose tree depth is already known (cached 
 as it is for the rest of an iteration); `build+select` also pays Candidates' validation and
 depth computation. With `--device cuda` the tensors live on the GPU (as the draft's outputs do
 in a CUDA server), each timed call ends with a device synchronize, and every mix's selection is
-checked equal to the CPU's. Last line: adaserve_select_ms=<the largest `select` median>.
+checked equal to the CPU's. `--profile` adds, per mix, what one `select` call does under
+torch.profiler (20 calls): kernel launches, host reads (`.item()`), device time against host
+time. Last line: adaserve_select_ms=<the largest `select` median>.
 """
 
 from __future__ import annotations
@@ -66,11 +68,37 @@ def median_ms(fn, runs: int, device: torch.device) -> float:
     return statistics.median(times)
 
 
+def profile_calls(fn, calls: int = 20) -> str:
+    """Per call of `fn`: kernel launches, host reads, and device vs host time (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+
+    def count(name: str) -> float:
+        return sum(e.count for e in events if e.key == name) / calls
+
+    device_us = sum(e.self_device_time_total for e in events) / calls
+    host_us = sum(e.self_cpu_time_total for e in events) / calls
+    return (
+        f"{count('cudaLaunchKernel'):.0f} kernel launches, {count('aten::item'):.0f} host reads, "
+        f"device {device_us / 1e3:.3f} ms, host {host_us / 1e3:.3f} ms per call"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None, help="default: torch's default")
     parser.add_argument("--device", default="cpu", help="where the tensors live (cpu, cuda)")
+    parser.add_argument("--profile", action="store_true", help="profile 20 calls per mix")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -121,6 +149,8 @@ def main() -> None:
         print(f"{name}: select median {select_ms:.3f} ms, build+select median {build_ms:.3f} ms; "
               f"tokens {selection.total_tokens} = {NUM_REQUESTS} roots + {slo_nodes} SLO phase "
               f"+ {top_nodes} throughput phase")
+        if args.profile:
+            print(f"  profile: {profile_calls(select)}")
     if device.type != "cpu":
         print(f"selections differing from the CPU's: {differing} of {len(mixes)}")
     print(f"adaserve_select_ms={worst_ms:.3f}")

@@ -148,7 +148,8 @@ def _outcome(
 def draft(original: Callable, draft_worker, batch, *args, **kwargs):
     """AROUND `EagleDraftWorker.draft`: a top-k that the last warm plain iteration left to the
     next draft is computed first (`deferred_topk`)."""
-    deferred = runtime().deferred_topk if runtime() is not None else None
+    state = runtime()
+    deferred = state.deferred_topk if state is not None else None
     if deferred is not None and deferred.pending and not batch.forward_mode.is_idle():
         fill_topk(draft_worker, batch)
         deferred.pending = False
