@@ -11,12 +11,15 @@ is always right, but its 1-layer target's forward is cheaper than SGLang's own w
 speculative iteration), and the deep bigram (`tiny-bigram-deep`: the same tokens at the forward
 cost of a 49-layer model, where the target's forward outweighs that work, as a large model's
 does). `--warmup` rounds (default 1) run first and are not counted; adaserve's TPOT over no
-speculation's in them (a fresh server's) is printed apart. At each load n, n built-in prompts are streamed at once with mixed
-classes (coding, chat, summarization in turn); each request carries its TPOT SLO in ms, resolved
-from the classes of `configs/slo_classes.yaml` with the baseline = no speculation's median TPOT
-at that load, measured first in the same run (absolute classes below the baseline are out of
-reach and left out of the attainment). Per configuration and load: median TPOT over all requests
-of `--repeats` batches, and SLO attainment. The four servers run side by side and the batches
+speculation's in them (a fresh server's) is printed apart. At each load n, n built-in prompts
+are streamed at once with mixed classes (coding, chat, summarization in turn); each request
+carries its TPOT SLO in ms, resolved from the classes of `configs/slo_classes.yaml` with the
+baseline = no speculation's median TPOT at that load, measured first in the same run (absolute
+classes below the baseline are out of reach and left out of the attainment). Per configuration
+and load: median TPOT over all requests of `--repeats` rounds, each with at least as many
+requests per load as the largest load has (one request alone gives one TPOT per batch), and SLO
+attainment; adaserve / none is also printed as the median over rounds of each round's ratio (a
+round's batches run minutes apart at most). The four servers run side by side and the batches
 interleave (see `interleaved`), so the ratios compare like with like. Last line:
 adaserve_tpot_over_nospec_max=<max over loads of adaserve / no speculation median TPOT, SmolLM2>.
 """
@@ -84,24 +87,38 @@ def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmu
     returns here (its cold start is reported apart)."""
     out = {config: {n: [] for n in loads} for config in servers}
     cold = {config: {n: [] for n in loads} for config in ("none", "adaserve")}
+    # Counted rounds' median TPOT per configuration and load, for the paired ratios.
+    rounds = {config: {n: [] for n in loads} for config in servers}
     for server in servers.values():
         stream_generate(server.url, texts[0], 4)  # warm-up
     others = [c for c in servers if c != "none"]
     for round_ in range(warmup + repeats):
         for n in loads:
+            # Every load gets as many requests per round as the largest: one request alone
+            # gives one TPOT per batch, too few for a median on a host this noisy.
+            batches = -(-max(loads) // n)
             if round_ == warmup:  # counted rounds: no speculation's own baseline from here on
                 cold["none"][n], out["none"][n] = out["none"][n], []
-            out["none"][n] += run_batch(servers["none"].url, texts[:n], tokens, None)
+            results = batches_of(servers["none"].url, texts[:n], tokens, None, batches)
+            out["none"][n] += results
+            if round_ >= warmup:
+                rounds["none"][n].append(statistics.median(t for _, t in results))
             slos = class_slos_ms(statistics.median(t for _, t in out["none"][n]))
             shift = round_ % len(others)
             for config in others[shift:] + others[:shift]:
-                results = run_batch(servers[config].url, texts[:n], tokens, slos)
+                results = batches_of(servers[config].url, texts[:n], tokens, slos, batches)
                 if round_ >= warmup:
                     out[config][n] += results
+                    rounds[config][n].append(statistics.median(t for _, t in results))
                 elif config == "adaserve":
                     cold["adaserve"][n] += results
         print(f"round {round_ + 1}/{warmup + repeats} done", flush=True)
-    return out, cold
+    return out, cold, rounds
+
+
+def batches_of(url: str, texts: list[str], tokens: int, slos, batches: int):
+    """`run_batch` `batches` times back to back: every request's (class, TPOT ms)."""
+    return [result for _ in range(batches) for result in run_batch(url, texts, tokens, slos)]
 
 
 def choices(server: Server) -> str:
@@ -136,7 +153,7 @@ def run_pair(name: str, loads, tokens, repeats, warmup, logs: Path) -> dict[str,
     with contextlib.ExitStack() as stack:
         for server in servers.values():
             stack.enter_context(server)
-        results, cold = interleaved(servers, loads, texts, tokens, repeats, warmup)
+        results, cold, rounds = interleaved(servers, loads, texts, tokens, repeats, warmup)
         print(f"{name} adaserve: {choices(servers['adaserve'])}")
     if warmup:
         ratios = ", ".join(
@@ -155,6 +172,12 @@ def run_pair(name: str, loads, tokens, repeats, warmup, logs: Path) -> dict[str,
             att = attainment(by_load[n], class_slos_ms(baseline[n]), baseline[n])
             cells.append(f"{medians[config][n]:>9.1f} ({'-' if att is None else f'{att:.2f}'})")
         print(f"{config:<10}" + "".join(f"{c:>18}" for c in cells))
+    ratios = {
+        n: statistics.median(a / b for a, b in zip(rounds["adaserve"][n], rounds["none"][n]))
+        for n in loads
+    }
+    paired = ", ".join(f"n={n}: {r:.3f}" for n, r in ratios.items())
+    print(f"{name}: adaserve / none, median over rounds of each round's ratio: {paired}")
     for n in loads:
         slos = class_slos_ms(baseline[n])
         if out_of_reach := [c for c, ms in slos.items() if ms < baseline[n]]:
@@ -166,7 +189,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loads", default="1,4,8")
     parser.add_argument("--tokens", type=int, default=48, help="new tokens per request")
-    parser.add_argument("--repeats", type=int, default=2, help="batches per load")
+    parser.add_argument("--repeats", type=int, default=2, help="counted rounds")
     parser.add_argument(
         "--warmup", type=int, default=1, help="rounds run first and not counted (default 1)"
     )

@@ -29,7 +29,7 @@ from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs, run_dr
 from sgl_adaspec.speculative.sglang.early_exit import exit_run, llama_model_forward, plan_exit_run
 from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration, iteration_scope
 from sgl_adaspec.speculative.sglang.deferred_topk import fill_topk
-from sgl_adaspec.speculative.sglang.plain_decode import plain_decode, warm_shape
+from sgl_adaspec.speculative.sglang.plain_decode import one_node_verify, plain_decode, warm_shape
 from sgl_adaspec.speculative.sglang.runtime import (
     add_internal_state,
     current_policy,
@@ -198,6 +198,9 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     iteration scope (observed once by `forward_batch_generation`)."""
     policy = current_policy()
     scope = current_iteration()
+    if scope is not None and scope.plain and batch.spec_info.draft_token_num == 1:
+        with one_node_verify(worker):
+            return original(worker, batch, *args, **kwargs)
     if (
         policy is None
         or scope is None

@@ -47,3 +47,21 @@ def plain_decode(worker, tiers: TierStates | None, deferred: DeferredTopk):
             yield
     finally:
         worker.speculative_num_steps, worker.speculative_num_draft_tokens = saved
+
+
+@contextlib.contextmanager
+def one_node_verify(worker):
+    """The verify inside, of one node per request (a plain iteration's), skips SGLang's tree
+    compaction (`_finalize_accept_tree_path`, run for topk > 1): it moves each request's
+    accepted path (KV slots, tokens, hidden states) to the front of its block, the identity
+    for a lone root, at ~1 ms per iteration of 8 requests on a CPU (ad hoc profile, 2026-11-26).
+    Not on CUDA, where a topk of 1 would also switch SGLang to its fused chain commit."""
+    if str(worker.device).startswith("cuda"):
+        yield
+        return
+    saved = worker.topk
+    worker.topk = 1  # run_eagle_verify reads the worker's topk for this choice only
+    try:
+        yield
+    finally:
+        worker.topk = saved
