@@ -176,9 +176,6 @@ class AdaservePolicy(PolicyBase):
     _context_tokens: int = field(default=0, repr=False)
     _context_per_request: int = field(default=0, repr=False)
     _plain_run: int = field(default=0, repr=False)  # plain iterations since the last probe
-    # The last iteration speculated because the plan chose it (not a probe, not before a plan):
-    # only then does the plan keep speculating without `switch_margin`.
-    _on_plan: bool = field(default=False, repr=False)
     _probe_every: int = field(default=0, repr=False)
     _probe_left: int = field(default=0, repr=False)  # speculative iterations the probe still runs
     _cold: bool = field(default=False, repr=False)  # this draft runs on a stale draft state
@@ -268,9 +265,6 @@ class AdaservePolicy(PolicyBase):
             shape = self._explore_shape(num_requests, full, planned) if explore else (1, 1)
         else:
             shape = (planned.depth, planned.width)
-        # A probe's drafts are no switch into speculation: the plan after them must beat a
-        # plain decode by the margin, or one lucky probe flips it into speculating at a loss.
-        self._on_plan = planned is not None and not probing
         explored = planned is None or shape != (planned.depth, planned.width)
         self._since_explore = 0 if explored else self._since_explore + 1
         if planned is not None:
@@ -354,7 +348,6 @@ class AdaservePolicy(PolicyBase):
 
     def _plain(self, topk: int) -> tuple[int, int]:
         self._plain_run += 1
-        self._on_plan = False
         self._since_plain = 0
         return 0, topk
 
@@ -386,7 +379,7 @@ class AdaservePolicy(PolicyBase):
             return None
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
         plain_ms = self.plain_latency.predict((slo.num_requests, self._context_tokens))
-        margin = 0.0 if self._on_plan else self.config.switch_margin
+        margin = self.config.switch_margin if self._plain_run > 0 else 0.0
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
             self.acceptance.version, self.plain_latency.version,
