@@ -46,6 +46,7 @@ from sgl_adaspec.speculative.policies.base import (
 )
 from sgl_adaspec.speculative.selection import Selection, select_adaserve
 from sgl_adaspec.speculative.shapes import restrict_to_shape
+from sgl_adaspec.speculative.track_record import PlanTrackRecord
 
 BUDGET_RULES = ("cost", "knee")
 # Iterations one cost plan may serve while its inputs stand (see `_cost_plan`).
@@ -194,6 +195,10 @@ class AdaservePolicy(PolicyBase):
     # The last plan and what it was computed from (see `_cost_plan`).
     _plan_cache: tuple = field(default=(None, None, 0), repr=False)  # key, plan, uses
     _reported: tuple = field(default=(None, None), repr=False)  # what stats.last_plan shows
+    # How planned speculation delivered against its plans, and the plan this iteration runs
+    # (None: a plain, probing, exploring or cold iteration, which no plan predicted).
+    record: PlanTrackRecord = field(default_factory=PlanTrackRecord)
+    _running_plan: object = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
@@ -269,6 +274,8 @@ class AdaservePolicy(PolicyBase):
         self._since_explore = 0 if explored else self._since_explore + 1
         if planned is not None:
             self._report(planned, shape)
+        on_plan = planned is not None and not explored and not probing and not self._cold
+        self._running_plan = planned if on_plan else None
         return shape
 
     def _explore_shape(self, num_requests: int, full: tuple[int, int], planned) -> tuple[int, int]:
@@ -313,6 +320,19 @@ class AdaservePolicy(PolicyBase):
         self._stale = self._stale or not (outcome.speculated or outcome.draft_kept)
         if not outcome.speculated:
             self._plain_was_warm = outcome.draft_kept
+        planned, self._running_plan = self._running_plan, None
+        if (
+            planned is not None
+            and outcome.speculated
+            and outcome.accepted is not None
+            and not outcome.after_prefill
+        ):
+            self.record.observe(
+                planned.expected_accepted * len(outcome.rids),
+                planned.iteration_ms,
+                float(outcome.accepted.sum()),
+                outcome.iteration_ms,
+            )
         super().observe(outcome)
 
     def _speculation_pays_alone(self) -> bool:
@@ -347,6 +367,7 @@ class AdaservePolicy(PolicyBase):
         return bucket in self._plain_loads
 
     def _plain(self, topk: int) -> tuple[int, int]:
+        self._running_plan = None
         self._plain_run += 1
         self._since_plain = 0
         return 0, topk
@@ -363,6 +384,8 @@ class AdaservePolicy(PolicyBase):
             **planned.as_dict(),
             "acceptance_curve": self.acceptance.curve(),
             "gain_curve": None if curve is None else [round(x, 3) for x in curve[:9].tolist()],
+            # Planned speculation's realized over predicted tokens per ms (`track_record`).
+            "delivered_over_planned": round(self.record.ratio, 3),
         }
         if shape is not None:
             report.update(depth=shape[0], width=shape[1])
@@ -379,7 +402,9 @@ class AdaservePolicy(PolicyBase):
             return None
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
         plain_ms = self.plain_latency.predict((slo.num_requests, self._context_tokens))
-        margin = self.config.switch_margin if self._plain_run > 0 else 0.0
+        base = self.config.switch_margin if self._plain_run > 0 else 0.0
+        # In steps of 2 %, so the plan cache survives the record's drift.
+        margin = round(self.record.required_edge(base) * 50) / 50
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
             self.acceptance.version, self.plain_latency.version,

@@ -1,0 +1,61 @@
+"""How planned speculation delivered against its plan: the realized tokens per ms of the
+iterations that ran a cost plan's shape, over what the plan predicted for them.
+
+The plan's inputs are estimates (the gain table of a few recent drafts, the fitted draft and
+verify costs). Where they are sound the ratio stays near 1; where they are not -- on a CPU, a
+probe's lucky draft lifts the gain table and the next plans speculate at a 10 % predicted edge
+that turns out a loss -- the ratio falls, and speculation must then beat a plain decode by what
+it has been falling short (`required_edge`). Pure: numbers in, numbers out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Weight of the past per planned iteration: the record spans about 1 / (1 - decay) of them.
+RECORD_DECAY = 0.85
+# Planned iterations before the record speaks: one outcome is mostly the acceptance's noise.
+MIN_RECORD = 3.0
+
+
+@dataclass
+class PlanTrackRecord:
+    """Decayed sums over planned speculative iterations of the committed tokens and wall time,
+    realized and predicted."""
+
+    decay: float = RECORD_DECAY
+    weight: float = 0.0  # decayed count of observed iterations
+    tokens: float = 0.0
+    ms: float = 0.0
+    predicted_tokens: float = 0.0
+    predicted_ms: float = 0.0
+
+    def observe(
+        self, predicted_tokens: float, predicted_ms: float, tokens: float, ms: float
+    ) -> None:
+        """One planned iteration: committed tokens (the batch's, bonus included) and wall time,
+        as the plan predicted them and as they came."""
+        if min(predicted_tokens, predicted_ms, tokens, ms) < 0 or predicted_ms == 0 or ms == 0:
+            raise ValueError(
+                f"track record needs non-negative tokens and positive times, got predicted "
+                f"{predicted_tokens} tokens in {predicted_ms} ms, realized {tokens} in {ms} ms"
+            )
+        d = self.decay
+        self.weight = d * self.weight + 1.0
+        self.tokens = d * self.tokens + tokens
+        self.ms = d * self.ms + ms
+        self.predicted_tokens = d * self.predicted_tokens + predicted_tokens
+        self.predicted_ms = d * self.predicted_ms + predicted_ms
+
+    @property
+    def ratio(self) -> float:
+        """Realized over predicted tokens per ms; 1.0 until MIN_RECORD iterations are in."""
+        if self.weight < MIN_RECORD or self.predicted_tokens <= 0:
+            return 1.0
+        return (self.tokens / self.ms) / (self.predicted_tokens / self.predicted_ms)
+
+    def required_edge(self, margin: float) -> float:
+        """The margin a plan must beat a plain decode by, given the base `margin`: a plan whose
+        speculation has delivered `ratio` < 1 of its prediction must predict 1 / ratio more.
+        A record above 1 lowers nothing (the promise is never to be slower than plain)."""
+        return (1.0 + margin) / min(self.ratio, 1.0) - 1.0

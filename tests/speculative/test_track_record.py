@@ -1,0 +1,91 @@
+"""The plan's track record: realized over predicted tokens per ms of planned speculation, and
+the edge over a plain decode it makes a plan need."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_cost_rule import drafted, slo, speculating_policy
+
+from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig
+from sgl_adaspec.speculative.policies.base import Outcome
+from sgl_adaspec.speculative.track_record import MIN_RECORD, PlanTrackRecord
+
+
+def test_record_is_neutral_until_it_has_seen_enough():
+    record = PlanTrackRecord()
+    record.observe(10.0, 10.0, 5.0, 10.0)  # half the predicted rate, once
+    assert record.ratio == 1.0
+    assert record.required_edge(0.1) == pytest.approx(0.1)
+
+
+def test_record_is_realized_over_predicted_rate():
+    record = PlanTrackRecord(decay=1.0)
+    for _ in range(int(MIN_RECORD)):
+        record.observe(10.0, 10.0, 4.0, 8.0)  # predicted 1 token per ms, realized 0.5
+    assert record.ratio == pytest.approx(0.5)
+    # Speculation that delivered half its prediction must predict twice plain's rate (+10 %).
+    assert record.required_edge(0.0) == pytest.approx(1.0)
+    assert record.required_edge(0.1) == pytest.approx(1.2)
+
+
+def test_record_forgets_old_iterations():
+    record = PlanTrackRecord(decay=0.5)
+    for _ in range(5):
+        record.observe(10.0, 10.0, 5.0, 10.0)
+    for _ in range(10):
+        record.observe(10.0, 10.0, 10.0, 10.0)
+    assert record.ratio == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_record_above_its_plan_lowers_no_margin():
+    record = PlanTrackRecord(decay=1.0)
+    for _ in range(4):
+        record.observe(10.0, 10.0, 20.0, 10.0)
+    assert record.ratio == pytest.approx(2.0)
+    assert record.required_edge(0.1) == pytest.approx(0.1)
+
+
+def test_record_refuses_nonsense():
+    with pytest.raises(ValueError, match="positive times"):
+        PlanTrackRecord().observe(1.0, 0.0, 1.0, 1.0)
+
+
+def spec_outcome(accepted: int, iteration_ms: float, after_prefill: bool = False) -> Outcome:
+    """One request's iteration of a 2-deep chain: 3 tokens verified in a flat 10 ms verify."""
+    return Outcome(
+        rids=("r0",), verified=torch.tensor([3]), accepted=torch.tensor([accepted]),
+        verified_f=None, accepted_nodes=None, verify_ms=10.0, iteration_ms=iteration_ms,
+        context_tokens=10, draft_steps=2, draft_width=1, budget=3, depth=2, width=1,
+        after_prefill=after_prefill,
+    )  # fmt: skip
+
+
+def test_adaserve_stands_down_when_planned_speculation_falls_short_of_its_plan():
+    # The plan: a 2-deep chain, 2.6 tokens in 12 ms, 2.2x a plain decode's 1 per 10 ms.
+    policy = speculating_policy(AdaserveConfig(explore_interval=100))
+    one = slo([math.nan])
+    shapes = []
+    for _ in range(6):
+        shapes.append(drafted(policy, 1, 4, 2, one))
+        policy.observe(spec_outcome(accepted=1, iteration_ms=12.0))  # 1 token, not 2.6
+    # Three outcomes make a record of 1 / 2.6 of the plan: its 2.2x is no longer enough.
+    assert shapes[:3] == [(2, 1)] * 3
+    assert policy.record.ratio == pytest.approx(1 / 2.6, rel=0.01)
+    assert drafted(policy, 1, 4, 2, one)[0] == 0
+
+
+def test_adaserve_keeps_speculating_while_its_plans_deliver():
+    policy = speculating_policy(AdaserveConfig(explore_interval=100))
+    one = slo([math.nan])
+    for _ in range(6):
+        assert drafted(policy, 1, 4, 2, one) == (2, 1)
+        policy.observe(spec_outcome(accepted=3, iteration_ms=12.0))
+    # An iteration after a prefill pays SGLang's switch: no plan's price, not recorded.
+    weight = policy.record.weight
+    drafted(policy, 1, 4, 2, one)
+    policy.observe(spec_outcome(accepted=1, iteration_ms=60.0, after_prefill=True))
+    assert policy.record.weight == weight
+    assert policy.record.ratio > 1.0
