@@ -59,6 +59,8 @@ REMEASURE_PLAIN = 128
 # The most an exploring draft of the full configured search may cost beyond the planned draft,
 # as a share of the planned iteration; past it the exploring draft is a chain (`_explore_shape`).
 EXPLORE_COST = 0.25
+# Weight of the past in the share of warm plain iterations, per plain iteration.
+WARM_SHARE_DECAY = 0.9
 # Plain iterations of one re-measurement: only the second is a steady price (`PolicyBase.observe`).
 REMEASURE_RUN = 2
 
@@ -184,6 +186,9 @@ class AdaservePolicy(PolicyBase):
     _stale: bool = field(default=False, repr=False)
     _warm_cache: tuple = field(default=(None, True), repr=False)  # inputs, keep_draft_warm
     _plain_was_warm: bool = field(default=False, repr=False)  # the last plain iteration's extend
+    # Share of recent plain iterations that ran warm (decayed): what of a draft forward the
+    # plain price fitted over them holds.
+    _warm_share: float = field(default=0.0, repr=False)
     _since_explore: int = field(default=0, repr=False)  # speculative iterations since one
     _since_plain: int = field(default=0, repr=False)  # planned speculative ones since a plain one
     _remeasure_every: int = field(default=FIRST_REMEASURE, repr=False)
@@ -320,6 +325,9 @@ class AdaservePolicy(PolicyBase):
         self._stale = self._stale or not (outcome.speculated or outcome.draft_kept)
         if not outcome.speculated:
             self._plain_was_warm = outcome.draft_kept
+            self._warm_share = WARM_SHARE_DECAY * self._warm_share + (
+                1.0 - WARM_SHARE_DECAY
+            ) * float(outcome.draft_kept)
         planned, self._running_plan = self._running_plan, None
         if (
             planned is not None
@@ -336,20 +344,30 @@ class AdaservePolicy(PolicyBase):
         super().observe(outcome)
 
     def _speculation_pays_alone(self) -> bool:
+        """Whether speculation beats decoding with no draft work at all, for one request alone.
+        The plain price is fitted over warm and cold plain iterations alike: a warm one holds a
+        draft forward over its new tokens, taken out by the share of warm ones. Coming from a
+        cold plain iteration, speculation must beat it by the plan's switch edge (`record`):
+        asked of the last iteration alone, on this CPU the answer flipped every iteration
+        (the fit minus the draft forward just below speculation's rate, the fit just above),
+        and half the stand-downs paid a draft forward for nothing (~4 ms of ~80, ad hoc
+        decision trace, 2026-11-26)."""
         verify = self.verify_latency
+        margin = self.record.required_edge(
+            0.0 if self._plain_was_warm else self.config.switch_margin
+        )
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
-            self.acceptance.version, self.plain_latency.version, self._plain_was_warm,
+            self.acceptance.version, self.plain_latency.version, round(self._warm_share, 1),
+            round(margin * 50),
         )  # fmt: skip
         if self._warm_cache[0] == key:
             return self._warm_cache[1]
         context = self._context_per_request
         plain_ms = self.plain_latency.predict((1, context))
-        if plain_ms is not None and self._plain_was_warm:
-            # The question is whether speculation beats decoding with no draft work at all:
-            # a warm plain iteration's price holds a draft forward over its new tokens.
+        if plain_ms is not None:
             extend_ms = self.draft_latency.predict((1, 1)) or 0.0
-            plain_ms = max(plain_ms - extend_ms, 1e-3)
+            plain_ms = max(plain_ms - self._warm_share * extend_ms, 1e-3) / (1.0 + margin)
         pays = speculation_pays_alone(
             gain=self.gain,
             context_tokens=context,
