@@ -20,7 +20,8 @@ and load: median TPOT over all requests of `--repeats` rounds, each with at leas
 requests per load as the largest load has (one request alone gives one TPOT per batch), and SLO
 attainment; adaserve / none is also printed as the median over rounds of each round's ratio (a
 round's batches run minutes apart at most). The four servers run side by side and the batches
-interleave (see `interleaved`), so the ratios compare like with like. Last line:
+interleave (see `interleaved`: no speculation's and adaserve's alternate batch by batch), so the
+ratios compare like with like. Last line:
 adaserve_tpot_over_nospec_max=<max over loads of adaserve / no speculation median TPOT, SmolLM2>.
 """
 
@@ -79,12 +80,12 @@ def run_batch(url: str, texts: list[str], tokens: int, slos: dict[str, float] | 
 
 def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmup=1):
     """Per configuration and load: every request's (class, TPOT ms). All servers are up at once
-    (each sleeps when idle), and each round runs every configuration's batch back to back, so a
-    drift of the host's speed (they reach 20 % on this machine within minutes) falls on all of
-    them alike. In each round no speculation goes first; the SLOs the others' requests carry
-    come from its median TPOT at that load so far. The first `warmup` rounds are not counted:
-    a server's first requests pay its set-up, and adaserve's its learning of what speculation
-    returns here (its cold start is reported apart)."""
+    (each sleeps when idle), and each round runs every configuration's batches back to back, so
+    a drift of the host's speed (they reach 20 % on this machine within minutes) falls on all of
+    them alike; no speculation's and adaserve's alternate batch by batch. The SLOs the others'
+    requests carry come from no speculation's median TPOT at that load so far. The first
+    `warmup` rounds are not counted: a server's first requests pay its set-up, and adaserve's
+    its learning of what speculation returns here (its cold start is reported apart)."""
     out = {config: {n: [] for n in loads} for config in servers}
     cold = {config: {n: [] for n in loads} for config in ("none", "adaserve")}
     # Counted rounds' median TPOT per configuration and load, for the paired ratios.
@@ -99,19 +100,26 @@ def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmu
             batches = -(-max(loads) // n)
             if round_ == warmup:  # counted rounds: no speculation's own baseline from here on
                 cold["none"][n], out["none"][n] = out["none"][n], []
-            results = batches_of(servers["none"].url, texts[:n], tokens, None, batches)
-            out["none"][n] += results
-            if round_ >= warmup:
-                rounds["none"][n].append(statistics.median(t for _, t in results))
-            slos = class_slos_ms(statistics.median(t for _, t in out["none"][n]))
-            shift = round_ % len(others)
-            for config in others[shift:] + others[:shift]:
-                results = batches_of(servers[config].url, texts[:n], tokens, slos, batches)
+            # No speculation's and adaserve's batches alternate, one each in turn, so the
+            # ratio the last line reports pairs batches seconds apart; the others follow.
+            results = {config: [] for config in servers}
+            for _ in range(batches):
+                results["none"] += run_batch(servers["none"].url, texts[:n], tokens, None)
+                out["none"][n] += results["none"][-n:]
+                slos = class_slos_ms(statistics.median(t for _, t in out["none"][n]))
+                results["adaserve"] += run_batch(servers["adaserve"].url, texts[:n], tokens, slos)
+            rest = [c for c in others if c != "adaserve"]
+            shift = round_ % len(rest) if rest else 0
+            for config in rest[shift:] + rest[:shift]:
+                results[config] = batches_of(servers[config].url, texts[:n], tokens, slos, batches)
+            for config in others:
                 if round_ >= warmup:
-                    out[config][n] += results
-                    rounds[config][n].append(statistics.median(t for _, t in results))
+                    out[config][n] += results[config]
                 elif config == "adaserve":
-                    cold["adaserve"][n] += results
+                    cold["adaserve"][n] += results[config]
+            if round_ >= warmup:
+                for config in servers:
+                    rounds[config][n].append(statistics.median(t for _, t in results[config]))
         print(f"round {round_ + 1}/{warmup + repeats} done", flush=True)
     return out, cold, rounds
 
