@@ -334,6 +334,7 @@ class AdaservePolicy(PolicyBase):
             and outcome.speculated
             and outcome.accepted is not None
             and not outcome.after_prefill
+            and outcome.iteration_ms > 0  # a clock that did not move prices nothing
         ):
             self.record.observe(
                 planned.expected_accepted * len(outcome.rids),
@@ -350,7 +351,7 @@ class AdaservePolicy(PolicyBase):
         cold plain iteration, speculation must beat it by the plan's switch edge (`record`):
         asked of the last iteration alone, on this CPU the answer flipped every iteration
         (the fit minus the draft forward just below speculation's rate, the fit just above),
-        and half the stand-downs paid a draft forward for nothing (~4 ms of ~80, ad hoc
+        and ~40 % of the stand-downs paid a draft forward for nothing (~4 ms of ~80, ad hoc
         decision trace, 2026-11-26)."""
         verify = self.verify_latency
         margin = self.record.required_edge(
