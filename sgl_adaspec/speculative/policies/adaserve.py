@@ -30,6 +30,7 @@ from sgl_adaspec.scheduler.slo import SloBatch, required_tokens
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, tree_shape
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.cost_rule import (
+    PlanChoice,
     ShapeGain,
     cost_budget,
     draft_rows,
@@ -203,7 +204,7 @@ class AdaservePolicy(PolicyBase):
     # How planned speculation delivered against its plans, and the plan this iteration runs
     # (None: a plain, probing, exploring or cold iteration, which no plan predicted).
     record: PlanTrackRecord = field(default_factory=PlanTrackRecord)
-    _running_plan: object = field(default=None, repr=False)
+    _running_plan: PlanChoice | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
