@@ -11,8 +11,8 @@ from sgl_adaspec.scheduler.request_slo import RequestSlo
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.shapes import restrict_to_shape
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
+from sgl_adaspec.speculative.shapes import restrict_to_shape
 from sgl_adaspec.speculative.stats import SpecStats
 
 
@@ -70,6 +70,26 @@ def test_tight_request_gets_its_quota_first_under_budget():
     selection, required, _ = policy.select(cands, slo)
     assert required.tolist() == [0.0, pytest.approx(6.0)]  # (100 + 10) / 10 - 5
     assert selection.counts.tolist() == [0, 3]  # 5 - 2 roots, all to the late request
+
+
+def test_cost_rule_slo_phase_skips_a_request_too_far_behind_to_catch_up_this_iteration():
+    cands = two_chains()  # each tree commits 1 + .9 + .8 + .7 + .6 = 4.0 tokens expected
+    slo = SloBatch(
+        tpot_slo_ms=torch.tensor([10.0, 10.0], dtype=torch.float64),
+        decode_elapsed_ms=torch.tensor([140.0, 65.0], dtype=torch.float64),
+        tokens_out=torch.tensor([5.0, 5.0], dtype=torch.float64),
+    )
+    # A(r) = (elapsed + 10) / 10 - 5: 10 tokens (beyond its tree's 4.0) and 2.5.
+    paper = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="knee"))
+    paper.observe_iteration(10.0)
+    assert paper.select(cands, slo)[0].counts.tolist() == [3, 0]  # most behind first, all
+    policy = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="cost"))
+    policy.observe_iteration(10.0)
+    selection, required, _ = policy.select(cands, slo)
+    assert required.tolist() == [0.0, pytest.approx(2.5)]
+    # Request 1 takes the .9 and .8 nodes that put it back on track (1 + 1.7 >= 2.5); the
+    # last node of the budget goes batch-wide by f, to request 0's .9.
+    assert selection.counts.tolist() == [1, 2]
 
 
 def test_latency_estimates_are_smoothed_and_baseline_can_be_pinned():
@@ -143,7 +163,10 @@ def test_server_policy_takes_b1_from_the_verify_budget_unless_set():
             spec_policy="adaserve", adaserve_budget=32, adaserve_draft_tokens_per_step=8
         )
     )
-    assert (flag.config.tree.verify_tokens_per_step, flag.config.tree.draft_tokens_per_step) == (32, 8)
+    assert (flag.config.tree.verify_tokens_per_step, flag.config.tree.draft_tokens_per_step) == (
+        32,
+        8,
+    )
     own = build_policy(
         AdaspecConfig.of(
             spec_policy="adaserve", adaserve_budget_rule="knee", adaserve_verify_tokens_per_step=20
@@ -151,4 +174,7 @@ def test_server_policy_takes_b1_from_the_verify_budget_unless_set():
         budget=48,
     )
     assert (own.config.budget, own.config.tree.verify_tokens_per_step) == (48, 20)
-    assert build_policy(AdaspecConfig(spec_policy="adaserve")).config.tree.verify_tokens_per_step == 256
+    assert (
+        build_policy(AdaspecConfig(spec_policy="adaserve")).config.tree.verify_tokens_per_step
+        == 256
+    )

@@ -16,6 +16,7 @@ from sgl_adaspec.speculative.cost_rule import (
     ShapeGain,
     cost_budget,
     plan_shape,
+    pooled_gain,
     speculation_pays_alone,
 )
 from sgl_adaspec.speculative.policies.adaserve import (
@@ -123,8 +124,24 @@ def test_shape_gain_keeps_a_table_per_slo_group():
     gain.observe(beam([[[0.9], [0.8]], [[0.3], [0.1]]]), 2, 1, groups=[20.0, None])
     gain.refresh(lambda f: f)
     assert gain.group_table(20.0)[1].tolist() == pytest.approx([0, 0.9, 1.7])
-    assert gain.group_table(None)[1].tolist() == pytest.approx([0, 0.6, 1.05])  # all requests
+    # All requests: one node each is the batch's best two (.9, .8) over two requests.
+    assert gain.group_table(None)[1].tolist() == pytest.approx([0, 0.85, 1.05])
     assert gain.group_table(50.0) is gain.table  # a group never seen reads the batch's
+
+
+def test_shape_gain_is_what_a_batch_wide_budget_of_k_nodes_per_request_returns():
+    # Two requests, 3-deep chains: one the draft reads well (.9, .8, .7), one it does not
+    # (.2, .1, .05). k nodes per request spent batch-wide (as cost_budget and the throughput
+    # phase spend them) take the easy chain first: k = 1 verifies .9 and .8, not .9 and .2.
+    gain = ShapeGain(max_nodes=3)
+    gain.observe(beam([[[0.9], [0.8], [0.7]], [[0.2], [0.1], [0.05]]]), 3, 1)
+    gain.refresh(lambda f: f)
+    assert gain.curve(3, 1).tolist() == pytest.approx([0, 0.85, 1.3, 1.375])
+    # Each request's own k best would give (.9 + .2) / 2 = .55 at k = 1: pooling returns more
+    # where requests differ, and the same where they do not.
+    assert pooled_gain(torch.tensor([[[0.9, 0.8], [0.9, 0.8]]])).tolist() == [
+        pytest.approx([0.9, 1.7])
+    ]
 
 
 def test_tokens_costing_more_than_they_return_give_no_speculation():
@@ -495,7 +512,7 @@ def test_speculation_pays_alone_by_tokens_per_ms_of_one_request():
     assert not pays_alone(gain, linear_ms(10.0, 4.0), plain_ms=8.0)
     # The draft's own cost counts: at 1 ms per draft row the full 4 x 2 beam (7 rows) commits
     # 5 tokens in 17 ms (0.294 per ms): it pays against a 4 ms plain decode, not a 3 ms one.
-    one_ms_per_row = lambda depth, rows: torch.as_tensor(rows, dtype=torch.float64)  # noqa: E731
+    one_ms_per_row = lambda depth, rows: torch.as_tensor(rows, dtype=torch.float64)
     assert pays_alone(gain, linear_ms(10.0, 0.0), plain_ms=4.0, draft=one_ms_per_row)
     assert not pays_alone(gain, linear_ms(10.0, 0.0), plain_ms=3.0, draft=one_ms_per_row)
 
