@@ -59,10 +59,11 @@ _ALL = "all requests"  # ShapeGain's key of the table over every request
 @dataclass
 class ShapeGain:
     """What each draft shape returns: for shape s = (d, w) and k, the expected accepted draft
-    tokens of a request's k best nodes (by f') within the beam of depth d and width w, averaged
-    over the requests of the last `drafts` drafts that reached that shape; over all requests
-    (`table`) and per SLO group (`group_table`), since requests of different classes are
-    accepted differently.
+    tokens per request of k nodes per request spent batch-wide within the beam of depth d and
+    width w (`pooled_gain`: a draft's n k best nodes by f'), averaged over the requests of the
+    last `drafts` drafts that reached that shape; over all requests (`table`) and per SLO group
+    (`group_table`, pooled within the group), since requests of different classes are accepted
+    differently.
 
     The shapes are a grid: depths 1..max_depth, widths `draft_widths(max_width)`, fixed by the
     first draft (the configured search). A draft of shape (D, W) shows every shape (d <= D,
