@@ -85,8 +85,8 @@ class ShapeGain:
     table: torch.Tensor | None = field(default=None, repr=False)
     reached: torch.Tensor | None = field(default=None, repr=False)
     groups: dict = field(default_factory=dict, repr=False)
-    # Per kept draft: raw f ranked [S, B, K], the shapes it reached [S] bool, its shape, and
-    # its requests' group keys [B].
+    # Per kept draft: raw f ranked [S, B, K], the shapes it reached [S] bool, and its rows
+    # [B] bool per group (each SLO group's key, and _ALL).
     _drafts: deque = field(default_factory=deque, repr=False)
 
     @property
@@ -132,7 +132,9 @@ class ShapeGain:
             first = shapes.index((1, w))
             ranked[first : first + depth, :, : top.shape[2]] = top
         keys = list(groups) if groups is not None else [None] * bsz
-        self._drafts.append((ranked, reached, (depth, width), keys))
+        rows = {key: torch.tensor([k == key for k in keys]) for key in set(keys) - {None}}
+        rows[_ALL] = torch.ones(bsz, dtype=torch.bool)
+        self._drafts.append((ranked, reached, rows))
         while len(self._drafts) > self.drafts:
             self._drafts.popleft()
 
@@ -143,10 +145,8 @@ class ShapeGain:
         # Per group (an SLO group's key, or _ALL requests): [S, K] gain summed over the rows
         # of the drafts that reached each shape, and those rows [S].
         sums: dict = {}
-        for ranked, reached, _shape, keys in self._drafts:
+        for ranked, reached, groups in self._drafts:
             calibrated = calibrate(ranked)  # [S, B, K]
-            groups = {key: torch.tensor([k == key for k in keys]) for key in set(keys) - {None}}
-            groups[_ALL] = torch.ones(len(keys), dtype=torch.bool)
             for key, rows in groups.items():
                 weight = reached.double() * int(rows.sum())  # [S]
                 gained = pooled_gain(calibrated[:, rows]) * weight.unsqueeze(1)  # [S, K]
