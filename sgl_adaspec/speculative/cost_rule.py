@@ -238,8 +238,10 @@ def plan_shape(
     at least as high. None when a model has no observation yet.
 
     slo: the running requests' SLO state; plain_ms: a plain iteration's predicted wall time
-    (measured apart: `PolicyBase.plain_latency`); margin: how much more than a plain decode
-    speculation must score to be chosen. A request commits e(s, k) = 1 + its SLO group's
+    (measured apart: `PolicyBase.plain_latency`); margin: how much more tokens per ms than a
+    plain decode every SLO group must expect for speculation to be chosen (asked of tokens per
+    ms, not of the objective, which moves a tenth as much for requests ahead of their SLO).
+    A request commits e(s, k) = 1 + its SLO group's
     gain tokens in an iteration of T(s, k) ms. What it needs in that iteration is its A(r)
     for an iteration of T ms (what puts it back on its SLO track), and at least its SLO's pace
     T / SLO. Its tokens count in full up to that need and with weight `surplus_weight` beyond
@@ -299,7 +301,7 @@ def plan_shape(
         d, w, nodes, float(committed[s, nodes]) / n, float(committed[s, nodes] / iteration[s, nodes]),
         n / plain, float(iteration[s, nodes]), plain, float(objective[s, nodes]), plain_counted / plain,
     )  # fmt: skip
-    if choice.objective <= (1.0 + margin) * choice.plain_objective:
+    if choice.objective <= choice.plain_objective:
         return dataclasses.replace(choice, depth=0, nodes_per_request=0)
     return choice
 

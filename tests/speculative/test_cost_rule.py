@@ -574,3 +574,17 @@ def test_adaserve_asks_whether_speculation_pays_against_a_decode_without_draft_w
     for _ in range(5):
         policy.observe(plain_outcome(warm=False))
         assert not policy.keep_draft_warm()
+
+
+def test_the_switch_margin_is_asked_of_tokens_per_ms_not_of_the_slo_weighted_objective():
+    # One request far ahead of a 100 ms SLO. A 4-deep chain of f = .9 commits 4.6 tokens in
+    # 12 ms: 3.8x a plain decode's tokens per ms, past a margin of 2 (3x). The objective
+    # counts tokens beyond the request's pace at a tenth, so it reads only ~2.5x plain's: with
+    # the margin asked of it, a plan held back by its track record stood down at 4x the rate.
+    ahead = slo([100.0], elapsed_ms=[0.0], tokens=[10.0])
+    choice = plan(flat_gain(0.9, 4, 1), 1, linear_ms(10.0, 0.5), batch=ahead, margin=2.0)
+    assert choice.depth == 4
+    assert choice.tokens_per_ms > 3.0 * choice.plain_tokens_per_ms
+    assert choice.objective < 3.0 * choice.plain_objective
+    # Past the rate's margin it stands down.
+    assert plan(flat_gain(0.9, 4, 1), 1, linear_ms(10.0, 0.5), batch=ahead, margin=3.0).depth == 0

@@ -73,7 +73,7 @@ def test_adaserve_stands_down_when_planned_speculation_falls_short_of_its_plan()
         policy.observe(spec_outcome(accepted=1, iteration_ms=12.0))  # 1 token, not 2.6
     # Three outcomes make a record of 1 / 2.6 of the plan: its 2.2x is no longer enough.
     assert shapes[:3] == [(2, 1)] * 3
-    assert policy.record.ratio == pytest.approx(1 / 2.6, rel=0.01)
+    assert policy.record_at(1).ratio == pytest.approx(1 / 2.6, rel=0.01)
     assert drafted(policy, 1, 4, 2, one)[0] == 0
 
 
@@ -84,8 +84,8 @@ def test_adaserve_keeps_speculating_while_its_plans_deliver():
         assert drafted(policy, 1, 4, 2, one) == (2, 1)
         policy.observe(spec_outcome(accepted=3, iteration_ms=12.0))
     # An iteration after a prefill pays SGLang's switch: no plan's price, not recorded.
-    weight = policy.record.weight
+    weight = policy.record_at(1).weight
     drafted(policy, 1, 4, 2, one)
     policy.observe(spec_outcome(accepted=1, iteration_ms=60.0, after_prefill=True))
-    assert policy.record.weight == weight
-    assert policy.record.ratio > 1.0
+    assert policy.record_at(1).weight == weight
+    assert policy.record_at(1).ratio > 1.0

@@ -201,9 +201,10 @@ class AdaservePolicy(PolicyBase):
     # The last plan and what it was computed from (see `_cost_plan`).
     _plan_cache: tuple = field(default=(None, None, 0), repr=False)  # key, plan, uses
     _reported: tuple = field(default=(None, None), repr=False)  # what stats.last_plan shows
-    # How planned speculation delivered against its plans, and the plan this iteration runs
-    # (None: a plain, probing, exploring or cold iteration, which no plan predicted).
-    record: PlanTrackRecord = field(default_factory=PlanTrackRecord)
+    # How planned speculation delivered against its plans, per `load_bucket` (the cost
+    # models' errors depend on the load), and the plan this iteration runs (None: a plain,
+    # probing, exploring or cold iteration, which no plan predicted).
+    records: dict[int, PlanTrackRecord] = field(default_factory=dict)
     _running_plan: PlanChoice | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -243,7 +244,7 @@ class AdaservePolicy(PolicyBase):
         if planned is not None and planned.depth == 0:
             due = self._plain_run >= self._probe_every
             if self._probe_left == 0 and not (due and self._can_afford_probe(slo, planned)):
-                self._report(planned)
+                self._report(planned, num_requests)
                 return self._plain(topk)
             if self._probe_left == 0:  # a probe: a cold draft, then a measured one
                 self._probe_left = 2
@@ -279,7 +280,7 @@ class AdaservePolicy(PolicyBase):
         explored = planned is None or shape != (planned.depth, planned.width)
         self._since_explore = 0 if explored else self._since_explore + 1
         if planned is not None:
-            self._report(planned, shape)
+            self._report(planned, num_requests, shape)
         on_plan = planned is not None and not explored and not probing and not self._cold
         self._running_plan = planned if on_plan else None
         return shape
@@ -337,13 +338,17 @@ class AdaservePolicy(PolicyBase):
             and not outcome.after_prefill
             and outcome.iteration_ms > 0  # a clock that did not move prices nothing
         ):
-            self.record.observe(
+            self.record_at(len(outcome.rids)).observe(
                 planned.expected_accepted * len(outcome.rids),
                 planned.iteration_ms,
                 float(outcome.accepted.sum()),
                 outcome.iteration_ms,
             )
         super().observe(outcome)
+
+    def record_at(self, num_requests: int) -> PlanTrackRecord:
+        """The track record of planned speculation at this load (within 2x)."""
+        return self.records.setdefault(load_bucket(num_requests), PlanTrackRecord())
 
     def _speculation_pays_alone(self) -> bool:
         """Whether speculation beats decoding with no draft work at all, for one request alone.
@@ -355,7 +360,7 @@ class AdaservePolicy(PolicyBase):
         and ~40 % of the stand-downs paid a draft forward for nothing (~4 ms of ~80, ad hoc
         decision trace, 2026-11-26)."""
         verify = self.verify_latency
-        margin = self.record.required_edge(
+        margin = self.record_at(1).required_edge(
             0.0 if self._plain_was_warm else self.config.switch_margin
         )
         key = (
@@ -392,7 +397,7 @@ class AdaservePolicy(PolicyBase):
         self._since_plain = 0
         return 0, topk
 
-    def _report(self, planned, shape: tuple[int, int] | None = None) -> None:
+    def _report(self, planned, num_requests: int, shape: tuple[int, int] | None = None) -> None:
         """The plan (and the shape drafted, where it speculates) for /server_info, with the
         learned inputs behind it; rebuilt only when either changes (a plan serves up to
         `PLAN_REUSE` iterations, and reading the curves costs a plain decode's share)."""
@@ -405,7 +410,7 @@ class AdaservePolicy(PolicyBase):
             "acceptance_curve": self.acceptance.curve(),
             "gain_curve": None if curve is None else [round(x, 3) for x in curve[:9].tolist()],
             # Planned speculation's realized over predicted tokens per ms (`track_record`).
-            "delivered_over_planned": round(self.record.ratio, 3),
+            "delivered_over_planned": round(self.record_at(num_requests).ratio, 3),
         }
         if shape is not None:
             report.update(depth=shape[0], width=shape[1])
@@ -424,7 +429,7 @@ class AdaservePolicy(PolicyBase):
         plain_ms = self.plain_latency.predict((slo.num_requests, self._context_tokens))
         base = self.config.switch_margin if self._plain_run > 0 else 0.0
         # In steps of 2 %, so the plan cache survives the record's drift.
-        margin = round(self.record.required_edge(base) * 50) / 50
+        margin = round(self.record_at(slo.num_requests).required_edge(base) * 50) / 50
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
             self.acceptance.version, self.plain_latency.version,
