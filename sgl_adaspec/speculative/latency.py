@@ -79,7 +79,7 @@ class LinearLatency:
                 typical = torch.ones_like(typical)
             coef = self._fit(data[typical])
             if len(data) >= 3:
-                predicted = self._predict_rows(coef, data[:, :-1])
+                predicted = data[:, :-1] @ coef[:-1] + coef[-1]
                 kept = latency <= STALL_FACTOR * predicted.clamp(min=1e-6)
                 if not torch.equal(kept, typical):  # else the fit above is the one
                     coef = self._fit(data[kept])
@@ -88,12 +88,17 @@ class LinearLatency:
 
     def _fit(self, data: torch.Tensor) -> torch.Tensor:
         """data [M, F + 1] (features, latency) -> [F + 1] slopes (clamped >= 0), intercept."""
-        ridge = torch.full((self.num_features,), self.ridge, dtype=torch.float64)
-        return ridge_fit(data[:, :-1].unsqueeze(0), data[:, -1], ridge)[0][0]
-
-    def _predict_rows(self, coef: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """features [M, F] as observed -> [M] latencies under `coef`."""
-        return features @ coef[:-1] + coef[-1]
+        x, y = data[:, :-1], data[:, -1]
+        scale = x.abs().amax(dim=0).clamp(min=1.0)  # [F]: condition the normal equations
+        xs = torch.cat([x / scale, torch.ones_like(y).unsqueeze(1)], dim=1)  # [M, F + 1]
+        penalty = torch.full((self.num_features + 1,), self.ridge, dtype=torch.float64)
+        penalty[-1] = 0.0
+        gram = xs.T @ xs + torch.diag(penalty) * len(y)
+        coef = torch.linalg.lstsq(gram, xs.T @ y.unsqueeze(1)).solution.squeeze(1)
+        slopes = (coef[:-1] / scale).clamp(min=0.0)
+        # Refit the intercept for the clamped slopes so the mean is still matched.
+        intercept = (y - x @ slopes).mean()
+        return torch.cat([slopes, intercept.unsqueeze(0)])
 
     def predict_tensor(self, *features: torch.Tensor | float) -> torch.Tensor | None:
         """`predict` for many points at once: one broadcastable tensor (or number) per feature;
@@ -113,105 +118,42 @@ class LinearLatency:
         return max(float(x @ coef), 0.0)
 
 
-# Candidate knees of `VerifyLatency`'s bend, in tokens: steps of sqrt(2). A bend is fitted
-# only over MIN_BEND_POINTS distinct token counts (with fewer, any knee fits them, and a
-# spurious one extrapolates wildly), and kept only where it cuts the squared error by BEND_GAIN.
-KNEE_STEP = 2**0.5
-MIN_BEND_POINTS = 5
-BEND_GAIN = 0.2
-
-
 @dataclass
 class VerifyLatency(LinearLatency):
-    """A forward's latency vs (tokens T, context tokens): w1 T + w2 log2 T + w3 max(T - knee, 0)
-    + w4 context + intercept, all weights >= 0, the knee the one (of a grid in steps of
-    sqrt(2) over the tokens seen) that fits best. The log term bends the curve down for few
-    tokens: on a CPU a one-token forward runs at a fraction of an eight-token one's cost per
-    token (SmolLM2 here: 76 ms at 1 token, 158 at 8, 338 at 64), and a line through passes of
-    many tokens prices a few-token one ~2x. The knee bends it up: on a GPU a forward is flat
-    (the weights' read) up to the knee, then linear (compute); a line through loaded passes
-    priced the flat part 30-35 % low (the simulator's A100 70B model: 30 ms predicted as
-    19-22 at 9-55 tokens), so speculation at light load was planned too cheap. Callers pass
-    (T, context); with_context=False leaves the context out of the fit (the window then
-    follows it as it drifts). `knee` is the fitted one (inf: no bend up)."""
+    """A forward's latency vs (tokens T, context tokens): w1 T + w2 log2 T + w3 context +
+    intercept, all weights >= 0. The log term lets the fit bend: on a CPU a one-token forward
+    runs at a fraction of an eight-token one's cost per token (SmolLM2 here: 76 ms at 1 token,
+    158 at 8, 338 at 64), and a line through passes of many tokens prices a few-token one ~2x.
+    On a GPU, flat then linear, w2 is ~0. Callers pass (T, context); with_context=False leaves
+    the context out of the fit (the window then follows it as it drifts)."""
 
-    num_features: int = 2  # as observed: (T, context)
+    num_features: int = 3
     with_context: bool = True
-    _knee: float = field(default=math.inf, repr=False)
 
-    @property
-    def knee(self) -> float:
-        self.coefficients()  # refit first where due
-        return self._knee
+    def __post_init__(self) -> None:
+        self.num_features = 3 if self.with_context else 2
+        super().__post_init__()
 
-    def _design(self, tokens, context, knee) -> torch.Tensor:
-        """tokens, context (broadcastable), knee [C, 1, ..] or a number -> [.., P] features."""
-        tokens = torch.as_tensor(tokens, dtype=torch.float64)
-        columns = [tokens, tokens.clamp(min=1).log2(), (tokens - knee).clamp(min=0)]
-        if self.with_context:
-            columns.append(torch.as_tensor(context, dtype=torch.float64))
-        return torch.stack(torch.broadcast_tensors(*columns), dim=-1)
+    def _features(self, tokens, context) -> tuple:
+        log_tokens = math.log2(max(tokens, 1))
+        return (tokens, log_tokens, context) if self.with_context else (tokens, log_tokens)
 
-    def _fit(self, data: torch.Tensor) -> torch.Tensor:
-        tokens, context, latency = data[:, 0], data[:, 1], data[:, 2]
-        knees = [math.inf]
-        if tokens.unique().numel() >= MIN_BEND_POINTS:
-            low, high = max(float(tokens.min()), 1.0), float(tokens.max())
-            steps = int(math.log(high / low, KNEE_STEP))
-            knees += [low * KNEE_STEP**i for i in range(1, steps + 1)]
-        grid = torch.tensor(knees, dtype=torch.float64).view(-1, 1)  # [C, 1]
-        design = self._design(tokens, context, grid)  # [C, M, P]
-        # The bend's slope is hardly penalized: the T and bend columns are near-collinear, and
-        # an equal penalty split the slope between them (a flat 30 ms read 25 below the knee).
-        ridge = torch.full((design.shape[-1],), self.ridge, dtype=torch.float64)
-        ridge[2] *= 1e-6
-        coefs, sse = ridge_fit(design, latency, ridge)
-        best = int(torch.argmin(sse))
-        if sse[best] > (1.0 - BEND_GAIN) * sse[0]:  # a bend must earn its place
-            best = 0
-        self._knee = knees[best]
-        return coefs[best]
-
-    def _predict_rows(self, coef: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return self._design(features[:, 0], features[:, 1], self._knee) @ coef[:-1] + coef[-1]
+    def observe(self, features: tuple[float, ...], latency_ms: float) -> None:
+        super().observe(self._features(*features), latency_ms)
 
     def predict(self, features: tuple[float, ...]) -> float | None:
-        latency = self.predict_tensor(*map(float, features))
-        return None if latency is None else float(latency)
+        return super().predict(self._features(*features))
 
     def predict_tensor(self, tokens, context) -> torch.Tensor | None:
-        coef = self.coefficients()
-        if coef is None:
-            return None
-        design = self._design(tokens, context, self._knee)
-        return (design @ coef[:-1] + coef[-1]).clamp(min=0.0)
+        tokens = torch.as_tensor(tokens, dtype=torch.float64)
+        log_tokens = tokens.clamp(min=1).log2()
+        if not self.with_context:
+            return super().predict_tensor(tokens, log_tokens)
+        return super().predict_tensor(tokens, log_tokens, context)
 
     def marginal_ms(self, tokens: float) -> float | None:
         """d latency / d T at T tokens: one more token's price there."""
         coef = self.coefficients()
         if coef is None:
             return None
-        bend = coef[2] if tokens >= self._knee else 0.0
-        return float(coef[0] + coef[1] / (max(tokens, 1.0) * math.log(2)) + bend)
-
-
-def ridge_fit(
-    x: torch.Tensor, y: torch.Tensor, ridge: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """C candidate designs x [C, M, P] of one latency y [M] -> each one's [C, P + 1] slopes
-    (clamped >= 0; a small L2 penalty ridge [P] on them, per column scaled to at most 1,
-    keeps near-identical points solvable) then intercept, and its squared error [C]."""
-    count = y.shape[0]
-    scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1.0)  # [C, 1, P]: condition the system
-    ones = torch.ones(*x.shape[:2], 1, dtype=torch.float64)
-    xs = torch.cat([x / scale, ones], dim=2)  # [C, M, P + 1]
-    penalty = torch.cat([ridge * count, torch.zeros(1, dtype=torch.float64)])
-    gram = xs.transpose(1, 2) @ xs + torch.diag(penalty)
-    rhs = xs.transpose(1, 2) @ y.view(1, -1, 1).expand(x.shape[0], -1, -1)
-    coef = torch.linalg.lstsq(gram, rhs).solution.squeeze(2)  # [C, P + 1]
-    slopes = (coef[:, :-1] / scale.squeeze(1)).clamp(min=0.0)
-    # Refit the intercept for the clamped slopes so the mean is still matched.
-    residual = y.unsqueeze(0) - (x @ slopes.unsqueeze(2)).squeeze(2)  # [C, M]
-    intercept = residual.mean(dim=1, keepdim=True)
-    sse = ((residual - intercept) ** 2).sum(dim=1)
-    return torch.cat([slopes, intercept], dim=1), sse
+        return float(coef[0] + coef[1] / (max(tokens, 1.0) * math.log(2)))

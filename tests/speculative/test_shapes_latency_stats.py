@@ -171,18 +171,3 @@ def test_verify_latency_stays_linear_on_a_linear_cost():
         model.observe((tokens, 100), 10.0 + 0.5 * tokens)
     assert model.predict((32, 100)) == pytest.approx(26.0, rel=0.02)
     assert model.marginal_ms(32) == pytest.approx(0.5, rel=0.1)
-
-
-def test_verify_latency_bends_up_where_a_gpu_forward_turns_compute_bound():
-    # Flat at the weights' read (30 ms) up to 128 tokens, then 0.25 ms per token: a GPU's
-    # roofline. The window holds loaded passes mostly, and a few light ones.
-    model = VerifyLatency()
-    for tokens in (8, 16, 48, 96, 128, 160, 192, 224, 256, 288, 320, 352):
-        for _ in range(1 if tokens < 128 else 4):
-            model.observe((tokens, 1000), 30.0 + 0.25 * max(tokens - 128, 0))
-    assert model.knee == pytest.approx(128, rel=0.2)
-    for tokens in (8, 32, 96):  # a line through the loaded passes would price these ~25-70 % low
-        assert model.predict((tokens, 1000)) == pytest.approx(30.0, rel=0.05)
-    assert model.predict((320, 1000)) == pytest.approx(78.0, rel=0.03)
-    assert model.marginal_ms(300) == pytest.approx(0.25, rel=0.1)
-    assert model.marginal_ms(32) < 0.05
