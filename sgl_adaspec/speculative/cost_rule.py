@@ -241,17 +241,16 @@ def plan_shape(
     (measured apart: `PolicyBase.plain_latency`); margin: how much more tokens per ms than a
     plain decode every SLO group must expect for speculation to be chosen (asked of tokens per
     ms, not of the objective, which moves a tenth as much for requests ahead of their SLO).
-    A request commits e(s, k) = 1 + its SLO group's
-    gain tokens in an iteration of T(s, k) ms. What it needs in that iteration is its A(r)
-    for an iteration of T ms (what puts it back on its SLO track), and at least its SLO's pace
-    T / SLO. Its tokens count in full up to that need and with weight `surplus_weight` beyond
-    it; a best-effort request's count in full. The objective is the batch's counted tokens per
-    ms: speed goes first to the requests that need it, the rest of the choice is throughput,
-    which also drains the queue. A shape under which some SLO group expects fewer tokens per
-    ms than a plain decode gives (by `margin`, to switch) is no choice: no request is slowed
-    down to speed up others. The draft's cost is priced by its rows, so a wide beam must
-    return more than its n * w rows per step cost (past the peak load a chain beats a wider
-    tree)."""
+    A request commits e(s, k) = 1 + its SLO group's gain tokens in an iteration of T(s, k) ms.
+    What it needs in that iteration is its A(r) for an iteration of T ms (what puts it back on
+    its SLO track), and at least its SLO's pace T / SLO. Its tokens count in full up to that
+    need and with weight `surplus_weight` beyond it; a best-effort request's count in full.
+    The objective is the batch's counted tokens per ms: speed goes first to the requests that
+    need it, the rest of the choice is throughput, which also drains the queue. A shape under
+    which some SLO group expects fewer tokens per ms than a plain decode gives (by `margin`,
+    to switch) is no choice: no request is slowed down to speed up others. The draft's cost
+    is priced by its rows, so a wide beam must return more than its n * w rows per step cost
+    (past the peak load a chain beats a wider tree)."""
     n = slo.num_requests
     if gain.table is None or n == 0:
         return None

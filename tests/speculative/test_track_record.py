@@ -89,3 +89,17 @@ def test_adaserve_keeps_speculating_while_its_plans_deliver():
     policy.observe(spec_outcome(accepted=1, iteration_ms=60.0, after_prefill=True))
     assert policy.record_at(1).weight == weight
     assert policy.record_at(1).ratio > 1.0
+
+
+def test_a_short_record_at_one_load_does_not_hold_back_another():
+    policy = speculating_policy(AdaserveConfig(explore_interval=100))
+    policy.plain_latency.observe((2, 10), 10.0)  # a plain decode measured at two requests
+    one = slo([math.nan])
+    for _ in range(4):
+        drafted(policy, 1, 4, 2, one)
+        policy.observe(spec_outcome(accepted=1, iteration_ms=12.0))  # 1 token, not 2.6
+    assert drafted(policy, 1, 4, 2, one)[0] == 0
+    # At two requests the plan predicts 2.2x a plain decode's tokens per ms: short of the 2.6x
+    # edge the one-request record asks, but that record was not made at this load.
+    assert drafted(policy, 2, 4, 2, slo([math.nan, math.nan]))[0] > 0
+    assert policy.record_at(2).ratio == 1.0 and policy.record_at(3) is policy.record_at(2)
