@@ -348,7 +348,11 @@ class AdaservePolicy(PolicyBase):
 
     def record_at(self, num_requests: int) -> PlanTrackRecord:
         """The track record of planned speculation at this load (within 2x)."""
-        return self.records.setdefault(load_bucket(num_requests), PlanTrackRecord())
+        bucket = load_bucket(num_requests)
+        record = self.records.get(bucket)
+        if record is None:  # built once per load, not on every lookup of the hot path
+            record = self.records[bucket] = PlanTrackRecord()
+        return record
 
     def _speculation_pays_alone(self) -> bool:
         """Whether speculation beats decoding with no draft work at all, for one request alone.
