@@ -153,12 +153,25 @@ class ShapeGain:
                 total, seen = sums.get(key, (0.0, 0.0))
                 sums[key] = (total + gained, seen + weight)
         total, seen = sums.pop(_ALL)
-        self.reached = seen > 0
-        self.table = _mean_table(total, seen)
-        self.groups = {
-            key: torch.where((rows > 0).unsqueeze(1), _mean_table(gained, rows), self.table)
+        reached = seen > 0
+        table = _mean_table(total, seen)
+        groups = {
+            key: torch.where((rows > 0).unsqueeze(1), _mean_table(gained, rows), table)
             for key, (gained, rows) in sums.items()
         }
+        if self.table is not None:
+            # A shape no kept draft reached keeps what the drafts that last reached it
+            # returned (as last calibrated): else, `drafts` planned drafts after an exploring
+            # one, every shape beyond the planned one read as never reached, and the plan
+            # could only grow shallower until the next exploration.
+            kept = (self.reached & ~reached).unsqueeze(1)
+            table = torch.where(kept, self.table, table)
+            groups = {
+                key: torch.where(kept, self.groups.get(key, self.table), value)
+                for key, value in groups.items()
+            }
+            reached = reached | self.reached
+        self.table, self.reached, self.groups = table, reached, groups
 
 
 def pooled_gain(calibrated: torch.Tensor) -> torch.Tensor:

@@ -61,6 +61,10 @@ class LinearLatency:
         """Feature `index` of every observation held."""
         return [row[index] for row in self._rows]
 
+    def latencies(self) -> list[float]:
+        """The latency of every observation held."""
+        return [row[-1] for row in self._rows]
+
     def coefficients(self) -> torch.Tensor | None:
         """[num_features + 1] float64: slopes then intercept (None before any observation)."""
         if not self._rows:

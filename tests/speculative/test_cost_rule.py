@@ -19,6 +19,7 @@ from sgl_adaspec.speculative.cost_rule import (
     pooled_gain,
     speculation_pays_alone,
 )
+from sgl_adaspec.speculative.latency import VerifyLatency
 from sgl_adaspec.speculative.policies.adaserve import (
     FIRST_REMEASURE,
     REMEASURE_PLAIN,
@@ -117,6 +118,21 @@ def test_shape_gain_reads_every_smaller_shape_from_one_draft():
     assert gain.curve(2, 1)[2].item() == pytest.approx((1.4 + 0.3) / 2)
     assert gain.curve(2, 2)[4].item() == pytest.approx(1.55)
     assert gain.curve(2, 2) is not None and gain.curve(3, 1) is None
+
+
+def test_shape_gain_keeps_a_shape_the_kept_drafts_no_longer_reach():
+    # Two drafts kept: a 2 x 2 one, then two 1 x 1 chains. The wide, deep shapes keep what the
+    # first returned (else the plan could not choose them again until the next exploring
+    # draft); the shapes the chains reached read the chains.
+    gain = ShapeGain(max_nodes=4, drafts=2)
+    gain.observe(beam([[[0.8, 0.1], [0.6, 0.05]]]), 2, 2)
+    gain.refresh(lambda f: f)
+    for _ in range(2):
+        gain.observe(beam([[[0.4]]]), 1, 1)
+        gain.refresh(lambda f: f)
+    assert gain.curve(2, 2).tolist() == pytest.approx([0, 0.8, 1.4, 1.5, 1.55])
+    assert gain.curve(2, 1).tolist() == pytest.approx([0, 0.8, 1.4, 1.4, 1.4])
+    assert gain.curve(1, 1).tolist() == pytest.approx([0, 0.4, 0.4, 0.4, 0.4])
 
 
 def test_shape_gain_keeps_a_table_per_slo_group():
@@ -401,9 +417,20 @@ def test_adaserve_remeasures_a_plain_decode_while_speculating():
     assert all(shapes[i + REMEASURE_RUN] == (2, 1) for i in starts)
 
 
-def test_adaserve_measures_a_plain_decode_at_each_new_load():
-    policy = speculating_policy(AdaserveConfig(explore_interval=1000))  # plain measured at n=1
-    assert drafted(policy, 1, 4, 2, slo([math.nan])) == (2, 1)
+def test_adaserve_does_not_measure_a_new_load_where_speculation_beats_any_plain_decode():
+    # Measured at one request (10 ms); at three, speculation beats even that price, which no
+    # batch of three undercuts: no plain iteration to measure theirs.
+    policy = speculating_policy(AdaserveConfig(explore_interval=1000))
+    assert [drafted(policy, 3, 4, 2, slo([math.nan] * 3)) for _ in range(3)] == [(2, 1)] * 3
+
+
+def test_adaserve_measures_a_plain_decode_at_a_new_load_where_it_could_change_the_plan():
+    # A plain decode at one request measured at 4 ms beats speculation's 2.6 tokens in 12 ms:
+    # at three requests, speculation is planned against their own price, once measured.
+    policy = speculating_policy(AdaserveConfig(explore_interval=1000))
+    policy.plain_latency = VerifyLatency(with_context=False)
+    policy.plain_latency.seed([((1, 10), 4.0)])
+    assert drafted(policy, 1, 4, 2, slo([math.nan]))[0] == 0  # a stand-down at one request
     assert drafted(policy, 3, 4, 2, slo([math.nan] * 3))[0] == 0  # n = 3: not yet
     feed(
         policy,
@@ -417,7 +444,10 @@ def test_adaserve_measures_a_plain_decode_at_each_new_load():
     assert drafted(policy, 3, 4, 2, slo([math.nan] * 3))[0] == 0  # a switch, not a price
     feed(policy, verify_ms=12.0, iteration_ms=12.5, accepted=1, requests=3, draft_kept=True)
     assert policy.plain_latency.predict((3, 30)) == pytest.approx(12.5, rel=1e-3)
-    assert drafted(policy, 3, 4, 2, slo([math.nan] * 3)) == (2, 1)  # measured, draft kept warm
+    # Measured: speculation pays at three (after a cold chain: at one request it does not
+    # pay, so the stand-down there had skipped the draft's extend).
+    assert drafted(policy, 3, 4, 2, slo([math.nan] * 3)) == (1, 1)
+    assert drafted(policy, 3, 4, 2, slo([math.nan] * 3)) == (2, 1)
     assert drafted(policy, 2, 4, 2, slo([math.nan] * 2))[0] > 0  # 2 and 3 share a bucket
 
 
