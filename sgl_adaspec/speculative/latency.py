@@ -61,9 +61,9 @@ class LinearLatency:
         """Feature `index` of every observation held."""
         return [row[index] for row in self._rows]
 
-    def latencies(self) -> list[float]:
-        """The latency of every observation held."""
-        return [row[-1] for row in self._rows]
+    def min_latency(self) -> float | None:
+        """The lowest latency observed among those held (None before any)."""
+        return min((row[-1] for row in self._rows), default=None)
 
     def coefficients(self) -> torch.Tensor | None:
         """[num_features + 1] float64: slopes then intercept (None before any observation)."""

@@ -405,9 +405,11 @@ class AdaservePolicy(PolicyBase):
         cheaper), so measuring a plain decode's price at this load could not change it."""
         if planned is None or planned.depth == 0:
             return False
-        floor = min(self.plain_latency.latencies(), default=None)
-        if floor is None or floor >= planned.plain_ms:
-            return floor is not None
+        floor = self.plain_latency.min_latency()
+        if floor is None:
+            return False
+        if floor >= planned.plain_ms:  # already planned against a price no dearer
+            return True
         return self._cost_plan(slo, floor).depth > 0
 
     def _plain_measured_at(self, num_requests: int) -> bool:
