@@ -401,9 +401,15 @@ def test_adaserve_explores_a_full_depth_chain_where_the_full_search_costs_too_mu
     assert shapes == [planned] * 2 + [(4, 1)] + [planned] * 2 + [(1, 1)]
 
 
-def test_adaserve_remeasures_a_plain_decode_while_speculating():
+def test_adaserve_remeasures_a_plain_decode_where_its_price_could_change_the_plan():
+    # Three requests speculate against their own plain price (12.5 ms), but a plain decode at
+    # one request was measured at 4 ms: at that price a plain decode would win (0.75 tokens per
+    # ms against ~0.6), so a stalled measurement at three could be what keeps them speculating.
     policy = speculating_policy(AdaserveConfig(explore_interval=1000))
-    shapes = [drafted(policy, 1, 4, 2, slo([math.nan])) for _ in range(4 * REMEASURE_PLAIN)]
+    policy.plain_latency = VerifyLatency(with_context=False)
+    policy.plain_latency.seed([((1, 10), 4.0), ((3, 30), 12.5)])
+    three = slo([math.nan] * 3)
+    shapes = [drafted(policy, 3, 4, 2, three) for _ in range(4 * REMEASURE_PLAIN)]
     plain_at = [i for i, (depth, _) in enumerate(shapes) if depth == 0]
     # Two plain iterations in a row each time: only the second is a steady price.
     starts = plain_at[::REMEASURE_RUN]
@@ -413,8 +419,18 @@ def test_adaserve_remeasures_a_plain_decode_while_speculating():
     gaps = [b - a - REMEASURE_RUN + 1 for a, b in zip([-REMEASURE_RUN, *starts], starts)]
     assert gaps[0] == FIRST_REMEASURE
     assert gaps == sorted(gaps) and gaps[-1] == REMEASURE_PLAIN
-    # Speculation pays here, so a re-measurement keeps the draft's state: the plan resumes.
-    assert all(shapes[i + REMEASURE_RUN] == (2, 1) for i in starts)
+    # The plan resumes after each, through a cold chain: at one request speculation does not
+    # pay, so the stand-down skipped the draft's extend.
+    resumed = [shapes[i + REMEASURE_RUN : i + REMEASURE_RUN + 2] for i in starts[:-1]]
+    assert resumed == [[(1, 1), (2, 1)]] * (len(starts) - 1)
+
+
+def test_adaserve_does_not_remeasure_where_speculation_beats_any_plain_decode():
+    # Speculation (2.6 tokens in ~12 ms) beats the only plain price measured (10 ms a token):
+    # no re-measurement could change the choice, so none costs an iteration.
+    policy = speculating_policy(AdaserveConfig(explore_interval=1000))
+    shapes = [drafted(policy, 1, 4, 2, slo([math.nan])) for _ in range(4 * REMEASURE_PLAIN)]
+    assert shapes == [(2, 1)] * (4 * REMEASURE_PLAIN)
 
 
 def test_adaserve_does_not_measure_a_new_load_where_speculation_beats_any_plain_decode():
