@@ -156,7 +156,20 @@ def _load_package_model(filename: str) -> AcceptanceModel:
 # Measured: see the model's `source` and docs/simulator.md ("Calibration on a real pair").
 CALIBRATED_QWEN25CODER = _load_package_model(CALIBRATED_FILE)
 DEFAULT = CALIBRATED_QWEN25CODER
-NAMED = {m.name: m for m in (CALIBRATED_QWEN25CODER, SYNTHETIC_DEFAULT)}
+# Made up, for the promise's other side: the measured pair's draft, accepted a fifth as often
+# as there (the same draft probabilities, so the draft is five times over-confident): a draft
+# that pays for nothing on a GPU preset, where a policy must see that and stand down.
+POOR_DRAFT = AcceptanceModel(
+    name="poor-draft",
+    source=(
+        "made up, not measured: the qwen2.5-coder-1.5b+0.5b model's draft probabilities, its "
+        "calibration scaled by 0.2 (each draft token accepted a fifth as often)"
+    ),
+    top1=CALIBRATED_QWEN25CODER.top1,
+    calibration_p=CALIBRATED_QWEN25CODER.calibration_p,
+    calibration_accept=tuple(0.2 * y for y in CALIBRATED_QWEN25CODER.calibration_accept),
+)
+NAMED = {m.name: m for m in (CALIBRATED_QWEN25CODER, SYNTHETIC_DEFAULT, POOR_DRAFT)}
 
 
 def resolve(spec: str | Path | None) -> AcceptanceModel:

@@ -67,7 +67,8 @@ class IterationLog:
 class SimResult:
     """Per request [R] (workload order): first_token_s, decode_start_s, finish_s, committed
     (tokens generated), finished_count (times the request finished: must be 1), draft_stale
-    (its last decode iteration ran plain), tpot_ms, met.
+    (its last decode iteration ran plain), draft_blind (prefilled without the draft), tpot_ms,
+    met.
     Totals over the run: decode iterations, prefill batches, verified and accepted draft tokens,
     busy time in prefill / draft / verify (ms)."""
 
@@ -79,6 +80,7 @@ class SimResult:
     committed: np.ndarray
     finished_count: np.ndarray
     draft_stale: np.ndarray | None = None
+    draft_blind: np.ndarray | None = None
     iterations: int = 0
     prefill_batches: int = 0
     request_iterations: int = 0
@@ -92,6 +94,8 @@ class SimResult:
     def __post_init__(self) -> None:
         if self.draft_stale is None:
             self.draft_stale = np.zeros(self.committed.shape, dtype=bool)
+        if self.draft_blind is None:
+            self.draft_blind = np.zeros(self.committed.shape, dtype=bool)
 
     @property
     def tpot_ms(self) -> np.ndarray:
@@ -217,9 +221,10 @@ class Instance:
             prompt = self.workload.prompt_tokens
             room = config.max_running_requests - self.running.size
             admitted = _admit(self.waiting, prompt, room, config)
-            elapsed_ms = self.latency.prefill_ms(
-                int(prompt[admitted].sum()), self.policy.speculates
-            )
+            with_draft = self.policy.speculates and self.policy.draft_prefills()
+            if self.policy.speculates and not with_draft:
+                result.draft_blind[admitted] = True
+            elapsed_ms = self.latency.prefill_ms(int(prompt[admitted].sum()), with_draft)
             self.now += elapsed_ms / 1000.0
             result.prefill_ms += elapsed_ms
             result.prefill_batches += 1
@@ -281,7 +286,9 @@ def _decode_iteration(
         tokens_out=torch.from_numpy((tokens[running] - 1).astype(np.float64)),
     )
 
-    stale = result.draft_stale[running]
+    # As on the server: after a plain iteration that skipped the draft extend, and for life
+    # after a prefill without the draft, a request's draft is blind.
+    stale = result.draft_stale[running] | result.draft_blind[running]
 
     def draft(depth: int, width: int):
         trees = draft_trees(acceptance, rng, alpha, beta, depth, width)

@@ -68,6 +68,10 @@ class SimPolicy(Protocol):
     ) -> Decision:
         """rids [B]: stable request ids; context_lens [B]: tokens in each request's KV."""
 
+    def draft_prefills(self) -> bool:
+        """Asked at each prefill of a speculating policy: whether the draft prefills the new
+        requests (`PolicyBase.draft_prefills`); those it does not are blind to it for life."""
+
     def observe(
         self,
         decision: Decision,
@@ -103,6 +107,9 @@ class NoSpeculation:
     def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
         return _plain(slo.num_requests)
 
+    def draft_prefills(self) -> bool:
+        return True
+
     def observe(
         self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False
     ) -> None:
@@ -116,6 +123,9 @@ class StaticTree:
     num_draft_tokens: int = 8  # SGLang's count: root included
     name: str = "static"
     speculates: bool = True
+
+    def draft_prefills(self) -> bool:
+        return True
 
     def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
         trees = draft(self.depth, self.width)
@@ -188,6 +198,9 @@ class AdaptiveSteps:
             middle = choices[len(choices) // 2]
             steps = self.initial_steps if self.initial_steps in choices else middle
             self._state[key] = _StepTier(choices, down_margin, steps, float(steps - 1))
+
+    def draft_prefills(self) -> bool:
+        return True
 
     def tier(self, num_requests: int) -> _StepTier:
         key = max([k for k in self._keys if k <= num_requests], default=self._keys[0])
@@ -281,6 +294,9 @@ class ServerPolicy:
             decision.width,
             decision.budget,
         )
+
+    def draft_prefills(self) -> bool:
+        return self.policy.draft_prefills()
 
     def observe(
         self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False

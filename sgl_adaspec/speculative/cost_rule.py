@@ -113,7 +113,12 @@ class ShapeGain:
         self, cands: Candidates, depth: int, width: int, groups: list[float | None] | None = None
     ) -> None:
         """cands: a draft's candidate trees from a beam search of `depth` x `width`; groups [B]:
-        the requests' `slo_group_keys` (None: one group)."""
+        the requests' `slo_group_keys` (None: one group). A request whose every candidate
+        reads f = 0 (blind to the draft: `PolicyBase.draft_prefills`) shows nothing of what a
+        shape returns and is left out."""
+        seen = (cands.path_prob > 0).any(dim=1).cpu()  # [B]
+        if not bool(seen.any()):
+            return
         if not self.max_depth:
             self.max_depth, self.max_width = depth, width
         self.version += 1
@@ -132,8 +137,9 @@ class ShapeGain:
             first = shapes.index((1, w))
             ranked[first : first + depth, :, : top.shape[2]] = top
         keys = list(groups) if groups is not None else [None] * bsz
-        rows = {key: torch.tensor([k == key for k in keys]) for key in set(keys) - {None}}
-        rows[_ALL] = torch.ones(bsz, dtype=torch.bool)
+        rows = {key: torch.tensor([k == key for k in keys]) & seen for key in set(keys) - {None}}
+        rows = {key: members for key, members in rows.items() if bool(members.any())}
+        rows[_ALL] = seen
         self._drafts.append((ranked, reached, rows))
         while len(self._drafts) > self.drafts:
             self._drafts.popleft()

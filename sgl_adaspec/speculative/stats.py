@@ -57,6 +57,8 @@ class SpecStats:
     # those of them that kept the draft's state (its extend ran: `PolicyBase.keep_draft_warm`).
     plain_iterations: int = 0
     warm_plain_iterations: int = 0
+    # Requests prefilled without the draft (`PolicyBase.draft_prefills`): blind to it for life.
+    blind_prefills: int = 0
     # Drafts that first computed the top-k a warm plain iteration's extend left to them
     # (`sglang.deferred_topk`).
     deferred_topk_drafts: int = 0
@@ -172,6 +174,7 @@ class SpecStats:
             ),
             "plain_iterations": self.plain_iterations,
             "warm_plain_iterations": self.warm_plain_iterations,
+            "blind_prefills": self.blind_prefills,
             "deferred_topk_drafts": self.deferred_topk_drafts,
             # predicted / observed accepted draft tokens; 1.0 = calibrated (None: no data yet).
             "acceptance_predicted_over_observed": _ratio(self.predicted_raw, self.observed_accepted),

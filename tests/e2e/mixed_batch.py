@@ -37,9 +37,16 @@ def reference_outputs(server) -> list[list[int]]:
 
 
 def run_policy(
-    tmp_path_factory, target, draft, policy_args, *extra: str, env: dict | None = None
+    tmp_path_factory,
+    target,
+    draft,
+    policy_args,
+    *extra: str,
+    env: dict | None = None,
+    waves: int = 1,
 ) -> tuple[list, dict]:
-    """The mixed batch's greedy outputs on a policy server, after which one sampled request
+    """The mixed batch's greedy outputs on a policy server (`waves` times, one after the
+    other: a list of each wave's outputs when more than one), after which one sampled request
     and one short request of a named class run; returns (outputs, /server_info's adaspec
     state with the text of /metrics under "metrics" when `extra` enables them)."""
     flags = (
@@ -49,7 +56,8 @@ def run_policy(
     name = f"policy-{'-'.join(policy_args)}"
     server = start(tmp_path_factory, name, target, *flags, env=env)
     try:
-        outputs = concurrent_outputs(server.url)
+        outputs = [concurrent_outputs(server.url) for _ in range(waves)]
+        outputs = outputs[0] if waves == 1 else outputs
         sampled = generate(server.url, PROMPTS[0][0], None, temperature=0.8)
         assert sampled["meta_info"]["completion_tokens"] == MAX_NEW_TOKENS
         # A short request of a named class, last: one that adaserve serves without speculation.

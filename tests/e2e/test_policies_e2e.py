@@ -82,10 +82,15 @@ def test_adaserve_stands_down_where_speculation_does_not_pay(
 ):
     # The random draft is almost never right: with the cost rule (the default) adaserve finds
     # no tree worth its price and runs plain iterations (SGLang's steps-0 path), probing
-    # speculation now and then; outputs stay token-identical across the switches.
-    outputs, state = run_policy(tmp_path_factory, models.target, models.eagle_draft, ("adaserve",))
-    assert outputs == random_pair_reference
+    # speculation now and then; outputs stay token-identical across the switches. The second
+    # wave of the batch comes after it found that speculation pays at no load: its requests
+    # are prefilled without the draft (`blind_prefill`), and their outputs stay identical too.
+    waves, state = run_policy(
+        tmp_path_factory, models.target, models.eagle_draft, ("adaserve",), waves=2
+    )
+    assert waves == [random_pair_reference] * 2
     stats = state["stats"]
+    assert stats["blind_prefills"] > 0
     assert stats["plain_iterations"] > stats["iterations"]
     # A request served by plain iterations only still reports its TPOT against its SLO.
     assert stats["classes"]["chat"]["finished"] == 1

@@ -11,6 +11,7 @@ import pytest
 from sgl_adaspec.scheduler.cost_model import knee_budget
 from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
 from sgl_adaspec.sim.acceptance import SYNTHETIC_DEFAULT, zero_acceptance
+from sgl_adaspec.sim.acceptance import resolve as resolve_acceptance
 from sgl_adaspec.sim.engine import EngineConfig, simulate
 from sgl_adaspec.sim.latency import get_preset
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES, Decision, make_policy
@@ -67,11 +68,13 @@ def test_without_acceptance_speculation_never_beats_no_speculation(policy, prese
     assert spec.log.committed == spec.log.num_requests
     assert spec.accepted_drafts == 0
     # ...and costs at least a plain decode step, so no request is served faster: on average
-    # at all, and each request by at most 5 % (a speculating server's prefill also runs the
-    # draft and its iterations take other times, so requests meet in other batches: one that
-    # starts decoding later, behind a drained queue, can decode a little faster).
+    # at all, and each request by at most 10 % (a speculating server's iterations take other
+    # times, so requests meet in other batches and other prefills fall inside a request's
+    # decoding: one that starts decoding later, behind a drained queue, can decode a little
+    # faster; adaserve's full-draft variant, standing down with prefills without the draft,
+    # served one request here 8 % faster and the 60 requests 0.7 % slower on average).
     assert spec.tpot_ms.mean() >= plain.tpot_ms.mean()
-    assert (spec.tpot_ms >= 0.95 * plain.tpot_ms).all()
+    assert (spec.tpot_ms >= 0.9 * plain.tpot_ms).all()
     assert spec.met.sum() <= plain.met.sum()
 
 
@@ -131,6 +134,7 @@ class _PlainThenTwoChains:
     name: str = "plain-then-chains"
     speculates: bool = True
     warm_draft: bool = False  # its plain iterations keep the draft extend
+    prefill_draft: bool = True  # the draft prefills new requests
     iteration: int = 0
     seen: list = field(default_factory=list)  # (path probabilities [B, 2], accepted [B])
 
@@ -143,6 +147,9 @@ class _PlainThenTwoChains:
         trees = draft(2, 1)
         self.seen.append([trees.path_prob.copy(), None])
         return Decision((n, n), trees, np.ones((n, 2), dtype=bool), np.full(n, 3), 2, 1)
+
+    def draft_prefills(self) -> bool:
+        return self.prefill_draft
 
     def observe(self, decision, accepted, latency_ms, verify_ms, *_rest) -> None:
         if decision.trees is not None:
@@ -167,3 +174,34 @@ def test_a_draft_after_a_plain_iteration_runs_on_stale_state():
     warm = _PlainThenTwoChains(warm_draft=True)
     simulate(workload, latency, certain, warm, 0, EngineConfig())
     assert all((accepted == 2).all() for _, accepted in warm.seen)
+
+
+def test_a_request_prefilled_without_the_draft_is_blind_to_it_for_life():
+    """As the server's prefill without the draft extend (`blind_prefill`): the prefill costs
+    the target's alone, and every draft of those requests reads path probability 0 and
+    accepts nothing, even right after a draft."""
+    certain = SYNTHETIC_DEFAULT.with_calibration("always", (0.0, 1.0), (1.0, 1.0))
+    workload = _burst(4, prompt=10, output=40, tpot_slo_ms=np.nan)
+    latency = get_preset("h100-llama8b")
+    blind = _PlainThenTwoChains(warm_draft=True, prefill_draft=False)
+    blind_run = simulate(workload, latency, certain, blind, 0, EngineConfig())
+    assert len(blind.seen) >= 10
+    assert all((f == 0).all() and (accepted == 0).all() for f, accepted in blind.seen)
+    plain_run = simulate(workload, latency, certain, make_policy("none", 64, 7.0), 0)
+    warm_run = simulate(workload, latency, certain, _PlainThenTwoChains(warm_draft=True), 0)
+    assert blind_run.prefill_ms == pytest.approx(plain_run.prefill_ms)
+    assert blind_run.prefill_ms < warm_run.prefill_ms
+
+
+def test_adaserve_prefills_without_the_draft_where_speculation_never_pays():
+    """With a draft that pays for nothing (`poor-draft`), adaserve stands down and, once it
+    knows, prefills new requests without the draft: its prefills cost about what no
+    speculation's do, where static pays the draft's prefill on every prompt."""
+    poor = resolve_acceptance("poor-draft")
+    workload = _workload("h100-llama8b", 8.0, 120, seed=1)
+    plain, static, ada = (
+        _run("h100-llama8b", workload, p, poor) for p in ("none", "static", "adaserve")
+    )
+    assert ada.draft_blind.mean() > 0.5
+    assert ada.prefill_ms - plain.prefill_ms < 0.3 * (static.prefill_ms - plain.prefill_ms)
+    assert (ada.committed == workload.output_tokens).all()

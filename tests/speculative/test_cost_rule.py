@@ -216,12 +216,12 @@ def test_a_wide_beam_must_pay_for_its_draft_rows():
 
 def test_speed_goes_to_the_requests_that_need_it():
     """r0 (SLO 20 ms) has a draft that is almost always right, r1 (SLO 12 ms) one that never
-    is. Verify: 10 ms + 2 ms per extra token, draft free. Plain decode: 12 ms, both meet their
+    is (f ~ 0: a draft's f is never exactly 0; rows of zeros are requests blind to it). Verify: 10 ms + 2 ms per extra token, draft free. Plain decode: 12 ms, both meet their
     SLO. A 1-node chain each: 16 ms, more tokens in all (2.95 / 16 > 2 / 12), but r1 falls to
     16 ms per token. Counted: plain (1 + 0.6 + 0.1 x 0.4) / 12 = .137; k = 1:
     (1 + 0.8 + 0.1 x 1.15) / 16 = .120: the plan stays plain."""
     gain = ShapeGain(max_nodes=4)
-    gain.observe(beam([[[0.95]] * 4, [[0.0]] * 4]), 4, 1, groups=[20.0, 12.0])
+    gain.observe(beam([[[0.95]] * 4, [[1e-9]] * 4]), 4, 1, groups=[20.0, 12.0])
     gain.refresh(lambda f: f)
     batch = slo([20.0, 12.0])
     choice = plan(gain, 2, linear_ms(10.0, 2.0), batch=batch)
@@ -238,7 +238,7 @@ def test_no_slo_group_is_slowed_down_to_speed_up_another():
     plain's (1 + 0.12 + 0.1 x 0.88) / 12 = .101. But r1 would get 1 token per 16 ms where a
     plain decode gives it 1 per 12: the plan stays plain."""
     gain = ShapeGain(max_nodes=4)
-    gain.observe(beam([[[0.95]] * 4, [[0.0]] * 4]), 4, 1, groups=[5.0, 100.0])
+    gain.observe(beam([[[0.95]] * 4, [[1e-9]] * 4]), 4, 1, groups=[5.0, 100.0])
     gain.refresh(lambda f: f)
     choice = plan(gain, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0]))
     assert choice.depth == 0
@@ -587,6 +587,22 @@ def test_adaserve_lets_the_draft_go_stale_where_speculation_never_pays():
     policy.gain = flat_gain(0.5, 4, 2)
     assert not policy.keep_draft_warm()
     assert AdaservePolicy(AdaserveConfig(budget_rule="knee")).keep_draft_warm()
+    # New requests are prefilled without the draft too, but for one prefill in
+    # probe_interval: probes need requests the draft has read.
+    prefills = [policy.draft_prefills() for _ in range(2 * policy.config.probe_interval)]
+    assert prefills.count(True) == 2 and prefills[policy.config.probe_interval - 1]
+    assert AdaservePolicy(AdaserveConfig()).draft_prefills()  # nothing learned yet
+
+
+def test_shape_gain_leaves_out_requests_blind_to_the_draft():
+    # Request 1 was prefilled without the draft: its f read 0 and say nothing of the shape.
+    gain = ShapeGain(max_nodes=2)
+    gain.observe(beam([[[0.9], [0.8]], [[0.0], [0.0]]]), 2, 1, groups=[20.0, 20.0])
+    gain.refresh(lambda f: f)
+    assert gain.curve(2, 1).tolist() == pytest.approx([0, 0.9, 1.7])
+    assert gain.group_table(20.0)[1].tolist() == pytest.approx([0, 0.9, 1.7])
+    gain.observe(beam([[[0.0], [0.0]]]), 2, 1)  # a draft of blind requests only: no news
+    assert gain.version == 1
 
 
 def plain_outcome(warm: bool, iteration_ms: float = 9.0):

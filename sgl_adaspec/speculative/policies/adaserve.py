@@ -198,6 +198,7 @@ class AdaservePolicy(PolicyBase):
     # refreshed on a miss.
     _plain_loads: set = field(default_factory=set, repr=False)
     _explores: int = field(default=0, repr=False)
+    _blind_prefills: int = field(default=0, repr=False)  # prefills asked while it would skip
     # The last plan and what it was computed from (see `_cost_plan`).
     _plan_cache: dict = field(default_factory=dict, repr=False)  # key -> (plan, uses)
     _refreshed_for: tuple | None = field(default=None, repr=False)  # gain, calibration versions
@@ -335,6 +336,18 @@ class AdaservePolicy(PolicyBase):
         (the load a batch can shrink back to), and skips the draft extend where it pays at no
         load (`cost_rule.speculation_pays_alone`); the knee rule always keeps it."""
         return self.config.budget_rule == "knee" or self._speculation_pays_alone()
+
+    def draft_prefills(self) -> bool:
+        """The draft prefills new requests wherever a stand-down keeps its state
+        (`keep_draft_warm`): where speculation pays at no load, a request is prefilled
+        without the draft, which on a GPU saves the draft's share of every prefill (simulator,
+        a draft accepted a fifth as often, h100-llama8b, rate 8: ~14 % of the prefill time),
+        and the request is blind to the draft for life. One prefill in `probe_interval` still
+        runs the draft, so that probes have requests to measure speculation on."""
+        if self.keep_draft_warm():
+            return True
+        self._blind_prefills += 1
+        return self._blind_prefills % self.config.probe_interval == 0
 
     def observe(self, outcome: Outcome) -> None:
         # A plain iteration that skipped the draft extend leaves the next draft stale.

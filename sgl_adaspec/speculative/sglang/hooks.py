@@ -25,6 +25,7 @@ import torch
 
 from sgl_adaspec.speculative.policies.base import IterationInput, Outcome, PolicyBase, make_outcome
 from sgl_adaspec.speculative.sglang import request_state
+from sgl_adaspec.speculative.sglang.blind_prefill import draft_blind, draft_extend_for_prefill
 from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs, run_draft
 from sgl_adaspec.speculative.sglang.early_exit import exit_run, llama_model_forward, plan_exit_run
 from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration, iteration_scope
@@ -265,6 +266,9 @@ def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> Iter
     reqs = batch.reqs
     spec_info = batch.spec_info
     cands = candidates_from_verify_input(spec_info, scope.path_prob, scope.parents)
+    blind = draft_blind(reqs).to(cands.path_prob.device)
+    if bool(blind.any()):  # the draft never read their prompts: nothing of theirs pays
+        cands = cands.with_path_prob(cands.path_prob.masked_fill(blind.unsqueeze(1), 0.0))
     depth, width = scope.draft_ran or (worker.speculative_num_steps, worker.topk)
     return IterationInput(
         cands=cands,
@@ -376,6 +380,11 @@ def register(registry, hook_type) -> None:
     registry.register(
         "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode",
         draft_extend_for_decode,
+        around,
+    )
+    registry.register(
+        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill",
+        draft_extend_for_prefill,
         around,
     )
     registry.register(
