@@ -29,12 +29,15 @@ class SloBatch:
     """SLO state of the B running requests. Fields:
     - tpot_slo_ms [B] float: t_r; NaN or +inf = best effort;
     - decode_elapsed_ms [B] float: l_r, >= 0;
-    - tokens_out [B] (int or float): o_r, >= 0.
+    - tokens_out [B] (int or float): o_r, >= 0;
+    - draft_blind [B] bool or None (none): requests prefilled without the draft, which gain
+      nothing from speculation (`PolicyBase.draft_prefills`).
     """
 
     tpot_slo_ms: torch.Tensor
     decode_elapsed_ms: torch.Tensor
     tokens_out: torch.Tensor
+    draft_blind: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         fields = {
@@ -42,6 +45,7 @@ class SloBatch:
             "decode_elapsed_ms": self.decode_elapsed_ms,
             "tokens_out": self.tokens_out,
         }
+        tpot_shape = self.tpot_slo_ms.shape
         for name, value in fields.items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"SloBatch.{name} must be a torch.Tensor, got {type(value)}")
@@ -50,6 +54,11 @@ class SloBatch:
                     f"SloBatch.{name} has shape {tuple(value.shape)}; every field must be [B] "
                     f"with B = {self.tpot_slo_ms.shape[0] if self.tpot_slo_ms.ndim else '?'}"
                 )
+        blind = self.draft_blind
+        if blind is not None and (blind.dtype != torch.bool or blind.shape != tpot_shape):
+            raise ValueError(
+                f"SloBatch.draft_blind must be [B] bool, got {blind.dtype} {tuple(blind.shape)}"
+            )
         for name in ("tpot_slo_ms", "decode_elapsed_ms"):
             if not fields[name].is_floating_point():
                 raise TypeError(f"SloBatch.{name} must be floating, got {fields[name].dtype}")

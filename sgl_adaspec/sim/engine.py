@@ -284,6 +284,7 @@ def _decode_iteration(
         tpot_slo_ms=torch.from_numpy(workload.tpot_slo_ms[running]),
         decode_elapsed_ms=torch.from_numpy(1000.0 * (now - start)),
         tokens_out=torch.from_numpy((tokens[running] - 1).astype(np.float64)),
+        draft_blind=torch.from_numpy(result.draft_blind[running]),
     )
 
     # As on the server: after a plain iteration that skipped the draft extend, and for life

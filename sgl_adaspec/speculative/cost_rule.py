@@ -267,7 +267,9 @@ def plan_shape(
     The objective is the batch's counted tokens per ms: speed goes first to the requests that
     need it, the rest of the choice is throughput, which also drains the queue. A shape under
     which some SLO group expects fewer tokens per ms than a plain decode gives (by `margin`,
-    to switch) is no choice: no request is slowed down to speed up others. The draft's cost
+    to switch) is no choice: no request is slowed down to speed up others (a request blind to
+    the draft, `SloBatch.draft_blind`, gains nothing from any shape, so while one runs the plan
+    is a plain decode). The draft's cost
     is priced by its rows, so a wide beam must return more than its n * w rows per step cost
     (past the peak load a chain beats a wider tree)."""
     n = slo.num_requests
@@ -287,10 +289,16 @@ def plan_shape(
     committed = torch.zeros_like(iteration)  # expected tokens per iteration
     slowest = torch.full_like(iteration, math.inf)  # the slowest SLO group's tokens per iteration
     plain_counted = 0.0
-    for key in set(keys):
-        members = torch.tensor([k == key for k in keys])
+    blind = slo.draft_blind if slo.draft_blind is not None else torch.zeros(n, dtype=torch.bool)
+    # Requests blind to the draft (prefilled without it) commit their bonus token alone,
+    # whatever the shape: a group of their own within their SLO group.
+    groups = {(key, bool(b)) for key, b in zip(keys, blind.tolist())}
+    for key, is_blind in groups:
+        members = torch.tensor([k == key for k in keys]) & (blind == is_blind)
         count = int(members.sum())
         expected = 1.0 + gain.group_table(key)  # [S, K]
+        if is_blind:
+            expected = torch.ones_like(expected)
         committed += count * expected
         slowest = torch.minimum(slowest, expected)
         if key is None:

@@ -650,3 +650,20 @@ def test_the_switch_margin_is_asked_of_tokens_per_ms_not_of_the_slo_weighted_obj
     assert choice.objective < 3.0 * choice.plain_objective
     # Past the rate's margin it stands down.
     assert plan(flat_gain(0.9, 4, 1), 1, linear_ms(10.0, 0.5), batch=ahead, margin=3.0).depth == 0
+
+
+def test_a_request_blind_to_the_draft_keeps_the_plan_plain():
+    # Two requests whose draft is right 3 times in 4: a 4-deep chain pays on a flat verify. With
+    # one of them prefilled without the draft it would commit 1 token per longer iteration:
+    # slower than a plain decode serves it, so the plan stays plain until it finishes.
+    gain = flat_gain(0.75, 4, 1, requests=2)
+    seeing = slo([math.nan, math.nan])
+    assert plan(gain, 2, linear_ms(10.0, 0.0), free_draft, batch=seeing).depth > 0
+    blind = SloBatch(
+        seeing.tpot_slo_ms, seeing.decode_elapsed_ms, seeing.tokens_out,
+        draft_blind=torch.tensor([False, True]),
+    )  # fmt: skip
+    choice = plan(gain, 2, linear_ms(10.0, 0.0), free_draft, batch=blind)
+    assert choice.depth == 0
+    with pytest.raises(ValueError, match="draft_blind"):
+        SloBatch(seeing.tpot_slo_ms, seeing.decode_elapsed_ms, seeing.tokens_out, torch.ones(3))

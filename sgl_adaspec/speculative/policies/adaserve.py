@@ -463,8 +463,8 @@ class AdaservePolicy(PolicyBase):
     def _cost_plan(self, slo: SloBatch, plain_ms: float | None = None):
         """The cost model's plan for the next draft (None until it has measurements), against
         a plain decode at `plain_ms` (None: the fitted price at this load). Reused while its
-        inputs stand (the models' fits, the gain and calibration, the batch's SLOs, the
-        context within ~9 %, the plain price) for up to `PLAN_REUSE` iterations, as the
+        inputs stand (the models' fits, the gain and calibration, the batch's SLOs and blind
+        requests, the context within ~9 %, the plain price) for up to `PLAN_REUSE` iterations, as the
         requests' progress moves their needs slowly: planning costs ~1 ms of torch calls, a
         fair share of a small model's plain decode."""
         verify = self.verify_latency
@@ -481,6 +481,7 @@ class AdaservePolicy(PolicyBase):
             self.acceptance.version, self.plain_latency.version,
             int(8 * math.log2(1 + self._context_tokens)),
             tuple(slo.tpot_slo_ms.nan_to_num(-1.0).tolist()), margin, plain_ms,
+            None if slo.draft_blind is None else tuple(slo.draft_blind.tolist()),
         )  # fmt: skip
         cached_plan, uses = self._plan_cache.get(key, (None, PLAN_REUSE))
         if uses < PLAN_REUSE:

@@ -13,6 +13,7 @@ from sgl_adaspec.scheduler.request_slo import RequestSlo
 from sgl_adaspec.scheduler.sglang_adapter import request_slo
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.policies.base import PolicyBase
+from sgl_adaspec.speculative.sglang.blind_prefill import draft_blind
 from sgl_adaspec.speculative.sglang.runtime import now_s, replica_reporter, report_to_dispatcher
 
 
@@ -69,6 +70,7 @@ def slo_batch(reqs, policy: PolicyBase, baseline_tpot_ms: float | None) -> SloBa
         tpot_slo_ms=torch.tensor(tpot, dtype=torch.float64),
         decode_elapsed_ms=torch.tensor(elapsed, dtype=torch.float64),
         tokens_out=torch.tensor(tokens, dtype=torch.float64),
+        draft_blind=draft_blind(reqs),
     )
 
 
