@@ -332,32 +332,40 @@ def plan_shape(
     return choice
 
 
-def speculation_pays_alone(
+def speculation_pays(
     *,
     gain: ShapeGain,
-    context_tokens: int,
+    loads: torch.Tensor,
+    context_per_request: int,
     verify_ms: LatencyFn,
     draft_ms: LatencyFn,
-    plain_ms: float | None,
-) -> bool:
-    """Whether some shape commits more tokens per ms than a plain decode for one request
-    alone, the lightest load a batch can return to (context_tokens: that request's context;
-    plain_ms: a plain decode's price at one request). What a stand-down does with the draft
-    follows from it: where speculation pays at some load, a stand-down keeps the draft's state
-    (SGLang's draft extend) so speculation can resume from it; where it pays at none, the
-    extend would be paid for nothing. True while a model has no observation yet (the gain is
+    plain_ms: torch.Tensor | None,
+) -> torch.Tensor:
+    """loads [L]: running requests n; plain_ms [L]: a plain decode's price at each (None: not
+    measured) -> [L] bool: whether some shape commits more tokens per ms for each of n
+    requests (each at `context_per_request`) than a plain decode at n. A request's speed at
+    load n is what the plan guards (no request served slower than plain), so where this is
+    false at every load a batch reaches, no plan speculates. What a stand-down does with the
+    draft follows from it: at one request (the load a batch shrinks back to) it decides
+    whether a stand-down keeps the draft's state (`AdaservePolicy.keep_draft_warm`); at every
+    load the server has run, whether a new request is prefilled with the draft at all
+    (`AdaservePolicy.draft_prefills`). True where a model has no observation yet (the gain is
     still to be learned, from a draft whose state was kept)."""
-    if gain.table is None or plain_ms is None or plain_ms <= 0:
-        return True
+    loads = torch.as_tensor(loads, dtype=torch.float64)
+    unknown = torch.ones(loads.shape, dtype=torch.bool)
+    if gain.table is None or plain_ms is None:
+        return unknown
     k, depth, width = _shape_grid(gain)
-    verify = verify_ms(1 + k, context_tokens)  # [K]
-    draft = draft_ms(depth, draft_rows(depth, width, 1))  # [S, 1]
+    n = loads.view(-1, 1, 1)  # [L, 1, 1]
+    verify = verify_ms(n * (1 + k), n * context_per_request)  # [L, 1, K]
+    draft = draft_ms(depth, draft_rows(depth, width, n))  # [L, S, 1]
     if verify is None or draft is None:
-        return True
-    rate = (1.0 + gain.table) / (verify.unsqueeze(0) + draft).clamp(min=1e-9)  # [S, K]
-    rate[:, 0] = 0.0  # a draft with nothing verified is never better than a plain decode
-    rate[~gain.reached] = 0.0
-    return bool(rate.max() > 1.0 / plain_ms)
+        return unknown
+    rate = (1.0 + gain.table) / (verify + draft).clamp(min=1e-9)  # [L, S, K] per request
+    rate[..., 0] = 0.0  # a draft with nothing verified is never better than a plain decode
+    rate[:, ~gain.reached] = 0.0
+    plain = torch.as_tensor(plain_ms, dtype=torch.float64)
+    return (rate.amax(dim=(1, 2)) * plain > 1.0) | (plain <= 0)
 
 
 def _counted(

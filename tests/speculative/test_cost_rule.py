@@ -17,10 +17,11 @@ from sgl_adaspec.speculative.cost_rule import (
     cost_budget,
     plan_shape,
     pooled_gain,
-    speculation_pays_alone,
+    speculation_pays,
 )
 from sgl_adaspec.speculative.latency import VerifyLatency
 from sgl_adaspec.speculative.policies.adaserve import (
+    BLIND_AFTER,
     FIRST_REMEASURE,
     REMEASURE_PLAIN,
     REMEASURE_RUN,
@@ -541,9 +542,12 @@ def verified_outcome(it, decision, accepted: int, width: int = 1):
 
 
 def pays_alone(gain, verify, plain_ms, draft=free_draft):
-    return speculation_pays_alone(
-        gain=gain, context_tokens=0, verify_ms=verify, draft_ms=draft, plain_ms=plain_ms
-    )
+    plain = None if plain_ms is None else torch.tensor([plain_ms])
+    pays = speculation_pays(
+        gain=gain, loads=torch.ones(1), context_per_request=0, verify_ms=verify, draft_ms=draft,
+        plain_ms=plain,
+    )  # fmt: skip
+    return bool(pays)
 
 
 def test_speculation_pays_alone_by_tokens_per_ms_of_one_request():
@@ -561,6 +565,18 @@ def test_speculation_pays_alone_by_tokens_per_ms_of_one_request():
     one_ms_per_row = lambda depth, rows: torch.as_tensor(rows, dtype=torch.float64)
     assert pays_alone(gain, linear_ms(10.0, 0.0), plain_ms=4.0, draft=one_ms_per_row)
     assert not pays_alone(gain, linear_ms(10.0, 0.0), plain_ms=3.0, draft=one_ms_per_row)
+
+
+def test_speculation_pays_at_a_load_where_its_fixed_price_is_shared():
+    # The demo's CPU: a verify pass costs 20 ms and 1 per token past the first, a plain
+    # decode 5 ms per request. Alone, 8 nodes commit 5 tokens in 28 ms, short of a plain
+    # decode's 1 per 5 ms; at three requests each commits 5 in 46 ms against 1 per 15 ms.
+    gain = flat_gain(0.5, 4, 2)
+    pays = speculation_pays(
+        gain=gain, loads=torch.tensor([1.0, 3.0]), context_per_request=0,
+        verify_ms=linear_ms(20.0, 1.0), draft_ms=free_draft, plain_ms=torch.tensor([5.0, 15.0]),
+    )  # fmt: skip
+    assert pays.tolist() == [False, True]
 
 
 def test_speculation_pays_alone_until_measured():
@@ -587,11 +603,41 @@ def test_adaserve_lets_the_draft_go_stale_where_speculation_never_pays():
     policy.gain = flat_gain(0.5, 4, 2)
     assert not policy.keep_draft_warm()
     assert AdaservePolicy(AdaserveConfig(budget_rule="knee")).keep_draft_warm()
+    assert policy.draft_prefills()  # not before the plan has stood down for a long window
+    stand_down(policy)
     # New requests are prefilled without the draft too, but for one prefill in
     # probe_interval: probes need requests the draft has read.
     prefills = [policy.draft_prefills() for _ in range(2 * policy.config.probe_interval)]
     assert prefills.count(True) == 2 and prefills[policy.config.probe_interval - 1]
     assert AdaservePolicy(AdaserveConfig()).draft_prefills()  # nothing learned yet
+
+
+def stand_down(policy: AdaservePolicy) -> None:
+    """Drafts decided at one request for as long as `draft_prefills` asks the plan to stand
+    down before it blinds new requests; the plan must choose a plain decode in each."""
+    for _ in range(BLIND_AFTER * policy.config.probe_interval):
+        policy.draft_shape(1, 4, 2, slo([math.nan]))
+        assert policy._running_plan is None
+
+
+def test_adaserve_prefills_with_the_draft_where_speculation_pays_at_a_load_run():
+    # The demo's CPU (see above): speculation pays at three requests, not at one.
+    policy = AdaservePolicy(AdaserveConfig())
+    policy.verify_latency.seed([((1, 0), 21.0), ((9, 0), 29.0), ((27, 0), 47.0)])
+    policy.plain_latency.seed([((1, 0), 5.0), ((3, 0), 15.0)])
+    policy.draft_latency.seed([((1, 1), 0.0), ((4, 7), 0.0)])
+    policy.gain = flat_gain(0.5, 4, 2)
+    assert not policy.keep_draft_warm()  # a stand-down alone lets the draft go stale...
+    stand_down(policy)
+    assert not policy.draft_prefills()  # ... and, having run one request only, so do prefills
+    three = make_outcome(
+        None, None, rids=("a", "b", "c"), context_tokens=0, accepted=torch.ones(3),
+        verify_ms=14.0, iteration_ms=15.0,
+    )  # fmt: skip
+    policy.observe(three)
+    assert not policy.keep_draft_warm()
+    # Having run three requests, where speculation pays, every prefill keeps the draft.
+    assert all(policy.draft_prefills() for _ in range(2 * policy.config.probe_interval))
 
 
 def test_shape_gain_leaves_out_requests_blind_to_the_draft():

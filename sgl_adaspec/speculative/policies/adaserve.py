@@ -36,7 +36,7 @@ from sgl_adaspec.speculative.cost_rule import (
     draft_rows,
     plan_shape,
     slo_group_keys,
-    speculation_pays_alone,
+    speculation_pays,
 )
 from sgl_adaspec.speculative.policies.base import (
     Decision,
@@ -64,6 +64,14 @@ EXPLORE_COST = 0.25
 WARM_SHARE_DECAY = 0.9
 # Plain iterations of one re-measurement: only the second is a steady price (`PolicyBase.observe`).
 REMEASURE_RUN = 2
+# The most a probe's interval grows to, in `probe_interval`s, while probes find that
+# speculation does not pay. Each probe runs two drafts for every running request: with a draft
+# that never pays (simulator, h100-llama8b, the poor-draft model, rate 16, 3 seeds) probes up to
+# 16x cost 2.5 points of attainment against no speculation, up to 64x 1.9, none at all 0.6.
+PROBE_BACKOFF = 64
+# Iterations without planned speculation, in `probe_interval`s, before new requests may be
+# prefilled without the draft (`draft_prefills`).
+BLIND_AFTER = 4
 
 
 def load_bucket(num_requests: int) -> int:
@@ -120,8 +128,8 @@ class AdaserveConfig:
         metavar="B2",
         minimum=1,
     )
-    # Iterations run without speculation between two probes of it (doubling, up to 16x, while
-    # probes keep finding that it does not pay).
+    # Iterations run without speculation between two probes of it (doubling, up to
+    # `PROBE_BACKOFF` x, while probes keep finding that it does not pay).
     probe_interval: int = 16
     # Speculative iterations between two exploring drafts (the full configured shape, which
     # keeps the gain of shapes larger than the planned one known, or a depth-1 chain).
@@ -185,7 +193,10 @@ class AdaservePolicy(PolicyBase):
     _cold: bool = field(default=False, repr=False)  # this draft runs on a stale draft state
     # A plain iteration since the last draft skipped the draft extend (`keep_draft_warm`).
     _stale: bool = field(default=False, repr=False)
-    _warm_cache: tuple = field(default=(None, True), repr=False)  # inputs, keep_draft_warm
+    # `_speculation_pays`'s answers: loads -> (inputs, answer).
+    _pays_cache: dict = field(default_factory=dict, repr=False)
+    _max_load: int = field(default=1, repr=False)  # the most requests an iteration has run
+    _since_planned: int = field(default=0, repr=False)  # drafts decided since the plan sped up
     _plain_was_warm: bool = field(default=False, repr=False)  # the last plain iteration's extend
     # Share of recent plain iterations that ran warm (decayed): what of a draft forward the
     # plain price fitted over them holds.
@@ -239,6 +250,7 @@ class AdaservePolicy(PolicyBase):
             depth, width = tree_shape(num_requests, self.config.tree)
             return min(depth, steps), min(width, topk)
         full = (steps, topk)
+        self._since_planned += 1
         measured = self._plain_measured_at(num_requests)
         if self._remeasure_left > 0 or (not measured and slo is None):
             self._remeasure_left = max(self._remeasure_left - 1, 0)
@@ -255,9 +267,12 @@ class AdaservePolicy(PolicyBase):
                 return self._plain(topk)
             if self._probe_left == 0:  # a probe: a cold draft, then a measured one
                 self._probe_left = 2
-                self._probe_every = min(2 * self._probe_every, 16 * self.config.probe_interval)
+                self._probe_every = min(
+                    2 * self._probe_every, PROBE_BACKOFF * self.config.probe_interval
+                )
         elif planned is not None and self._probe_left == 0:
             self._probe_every = self.config.probe_interval
+            self._since_planned = 0
             self._since_plain += 1
             if self._since_plain >= self._remeasure_every:
                 # While speculating, a plain decode's price would otherwise never be measured
@@ -333,23 +348,32 @@ class AdaservePolicy(PolicyBase):
 
     def keep_draft_warm(self) -> bool:
         """A stand-down keeps the draft's state where speculation pays for one request alone
-        (the load a batch can shrink back to), and skips the draft extend where it pays at no
-        load (`cost_rule.speculation_pays_alone`); the knee rule always keeps it."""
+        (the load a batch can shrink back to), and skips the draft extend where it does not
+        (`cost_rule.speculation_pays`); the knee rule always keeps it."""
         return self.config.budget_rule == "knee" or self._speculation_pays_alone()
 
     def draft_prefills(self) -> bool:
-        """The draft prefills new requests wherever a stand-down keeps its state
-        (`keep_draft_warm`): where speculation pays at no load, a request is prefilled
-        without the draft, which on a GPU saves the draft's share of every prefill (simulator,
-        a draft accepted a fifth as often, h100-llama8b, rate 8: ~14 % of the prefill time),
-        and the request is blind to the draft for life. One prefill in `probe_interval` still
-        runs the draft, so that probes have requests to measure speculation on."""
-        if self.keep_draft_warm():
+        """The draft prefills new requests unless the plan has not sped up for
+        `BLIND_AFTER` x `probe_interval` iterations and the models say speculation pays at
+        no load the server has run (`_speculation_pays_somewhere`). Then a request is
+        prefilled without the draft, which on a GPU saves the draft's share of every prefill
+        (simulator, a draft accepted a fifth as often, h100-llama8b, rate 8: ~14 % of the
+        prefill time), and the request is blind to the draft for life, so both must agree:
+        a request blinded by a noisy verdict stays slow. One prefill in `probe_interval`
+        still runs the draft, so that probes have requests to measure speculation on. Asked
+        at one request alone, this blinded the demo's requests on a CPU where speculation
+        pays at three and not one."""
+        if (
+            self.config.budget_rule == "knee"
+            or self._since_planned < BLIND_AFTER * self.config.probe_interval
+            or self._speculation_pays_somewhere()
+        ):
             return True
         self._blind_prefills += 1
         return self._blind_prefills % self.config.probe_interval == 0
 
     def observe(self, outcome: Outcome) -> None:
+        self._max_load = max(self._max_load, len(outcome.rids))
         # A plain iteration that skipped the draft extend leaves the next draft stale.
         self._stale = self._stale or not (outcome.speculated or outcome.draft_kept)
         if not outcome.speculated:
@@ -383,37 +407,57 @@ class AdaservePolicy(PolicyBase):
 
     def _speculation_pays_alone(self) -> bool:
         """Whether speculation beats decoding with no draft work at all, for one request alone.
-        The plain price is fitted over warm and cold plain iterations alike: a warm one holds a
-        draft forward over its new tokens, taken out by the share of warm ones. Coming from a
-        cold plain iteration, speculation must beat it by the plan's switch edge (`record`):
-        asked of the last iteration alone, on this CPU the answer flipped every iteration
-        (the fit minus the draft forward just below speculation's rate, the fit just above),
-        and ~40 % of the stand-downs paid a draft forward for nothing (~4 ms of ~80, ad hoc
-        decision trace, 2026-11-26)."""
-        verify = self.verify_latency
+        Coming from a cold plain iteration, speculation must beat it by the plan's switch edge
+        (`record`): asked of the last iteration alone, on this CPU the answer flipped every
+        iteration (the fit minus the draft forward just below speculation's rate, the fit
+        just above), and ~40 % of the stand-downs paid a draft forward for nothing (~4 ms of
+        ~80, ad hoc decision trace, 2026-11-26)."""
         margin = self.record_at(1).required_edge(
             0.0 if self._plain_was_warm else self.config.switch_margin
         )
+        return self._speculation_pays((1,), margin)
+
+    def _speculation_pays_somewhere(self) -> bool:
+        """Whether speculation beats a plain decode at some load from one request to the most
+        the server has run (in steps of 2^(1/4)), with no switch edge: a request prefilled
+        without the draft stays blind to it for life, so doubt keeps the draft."""
+        top = math.log2(max(self._max_load, 1))
+        loads = torch.unique(torch.round(2.0 ** torch.arange(0.0, top + 0.25, 0.25)))
+        return self._speculation_pays(tuple(int(n) for n in loads.tolist()), 0.0)
+
+    def _speculation_pays(self, loads: tuple[int, ...], margin: float) -> bool:
+        """Whether speculation pays at any of `loads` by `margin` (`cost_rule.speculation_pays`,
+        cached on its inputs). The plain price is fitted over warm and cold plain iterations
+        alike: a warm one holds a draft forward over its new tokens, taken out by the share
+        of warm ones."""
+        verify = self.verify_latency
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
             self.acceptance.version, self.plain_latency.version, round(self._warm_share, 1),
-            round(margin * 50),
+            round(margin * 50), loads,
         )  # fmt: skip
-        if self._warm_cache[0] == key:
-            return self._warm_cache[1]
+        cached = self._pays_cache.get(loads)
+        if cached is not None and cached[0] == key:
+            return cached[1]
         context = self._context_per_request
-        plain_ms = self.plain_latency.predict((1, context))
+        n = torch.tensor(loads, dtype=torch.float64)
+        plain_ms = self.plain_latency.predict_tensor(n, n * context)
         if plain_ms is not None:
-            extend_ms = self.draft_latency.predict((1, 1)) or 0.0
-            plain_ms = max(plain_ms - self._warm_share * extend_ms, 1e-3) / (1.0 + margin)
-        pays = speculation_pays_alone(
-            gain=self.gain,
-            context_tokens=context,
-            verify_ms=verify.predict_tensor,
-            draft_ms=self.draft_latency.predict_tensor,
-            plain_ms=plain_ms,
+            extend_ms = self.draft_latency.predict_tensor(1.0, n)
+            if extend_ms is not None:
+                plain_ms = plain_ms - self._warm_share * extend_ms
+            plain_ms = plain_ms.clamp(min=1e-3) / (1.0 + margin)
+        pays = bool(
+            speculation_pays(
+                gain=self.gain,
+                loads=n,
+                context_per_request=context,
+                verify_ms=verify.predict_tensor,
+                draft_ms=self.draft_latency.predict_tensor,
+                plain_ms=plain_ms,
+            ).any()
         )
-        self._warm_cache = (key, pays)
+        self._pays_cache[loads] = (key, pays)
         return pays
 
     def _speculates_against_plain_floor(self, slo: SloBatch, planned) -> bool:
