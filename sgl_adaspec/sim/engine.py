@@ -221,7 +221,7 @@ class Instance:
             prompt = self.workload.prompt_tokens
             room = config.max_running_requests - self.running.size
             admitted = _admit(self.waiting, prompt, room, config)
-            with_draft = self.policy.speculates and self.policy.draft_prefills()
+            with_draft = self.policy.speculates and self.policy.draft_prefills(int(admitted.size))
             if self.policy.speculates and not with_draft:
                 result.draft_blind[admitted] = True
             elapsed_ms = self.latency.prefill_ms(int(prompt[admitted].sum()), with_draft)

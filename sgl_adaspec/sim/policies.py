@@ -68,9 +68,10 @@ class SimPolicy(Protocol):
     ) -> Decision:
         """rids [B]: stable request ids; context_lens [B]: tokens in each request's KV."""
 
-    def draft_prefills(self) -> bool:
-        """Asked at each prefill of a speculating policy: whether the draft prefills the new
-        requests (`PolicyBase.draft_prefills`); those it does not are blind to it for life."""
+    def draft_prefills(self, new_requests: int) -> bool:
+        """Asked at each prefill of a speculating policy: whether the draft prefills the
+        `new_requests` new requests (`PolicyBase.draft_prefills`); those it does not are blind
+        to it for life."""
 
     def observe(
         self,
@@ -107,7 +108,7 @@ class NoSpeculation:
     def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
         return _plain(slo.num_requests)
 
-    def draft_prefills(self) -> bool:
+    def draft_prefills(self, new_requests: int) -> bool:
         return True
 
     def observe(
@@ -124,7 +125,7 @@ class StaticTree:
     name: str = "static"
     speculates: bool = True
 
-    def draft_prefills(self) -> bool:
+    def draft_prefills(self, new_requests: int) -> bool:
         return True
 
     def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
@@ -199,7 +200,7 @@ class AdaptiveSteps:
             steps = self.initial_steps if self.initial_steps in choices else middle
             self._state[key] = _StepTier(choices, down_margin, steps, float(steps - 1))
 
-    def draft_prefills(self) -> bool:
+    def draft_prefills(self, new_requests: int) -> bool:
         return True
 
     def tier(self, num_requests: int) -> _StepTier:
@@ -295,8 +296,8 @@ class ServerPolicy:
             decision.budget,
         )
 
-    def draft_prefills(self) -> bool:
-        return self.policy.draft_prefills()
+    def draft_prefills(self, new_requests: int) -> bool:
+        return self.policy.draft_prefills(new_requests)
 
     def observe(
         self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False

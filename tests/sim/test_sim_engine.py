@@ -148,7 +148,7 @@ class _PlainThenTwoChains:
         self.seen.append([trees.path_prob.copy(), None])
         return Decision((n, n), trees, np.ones((n, 2), dtype=bool), np.full(n, 3), 2, 1)
 
-    def draft_prefills(self) -> bool:
+    def draft_prefills(self, new_requests: int) -> bool:
         return self.prefill_draft
 
     def observe(self, decision, accepted, latency_ms, verify_ms, *_rest) -> None:

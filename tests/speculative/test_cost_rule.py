@@ -603,13 +603,13 @@ def test_adaserve_lets_the_draft_go_stale_where_speculation_never_pays():
     policy.gain = flat_gain(0.5, 4, 2)
     assert not policy.keep_draft_warm()
     assert AdaservePolicy(AdaserveConfig(budget_rule="knee")).keep_draft_warm()
-    assert policy.draft_prefills()  # not before the plan has stood down for a long window
+    assert policy.draft_prefills(1)  # not before the plan has stood down for a long window
     stand_down(policy)
     # New requests are prefilled without the draft too, but for one prefill in
     # probe_interval: probes need requests the draft has read.
-    prefills = [policy.draft_prefills() for _ in range(2 * policy.config.probe_interval)]
+    prefills = [policy.draft_prefills(1) for _ in range(2 * policy.config.probe_interval)]
     assert prefills.count(True) == 2 and prefills[policy.config.probe_interval - 1]
-    assert AdaservePolicy(AdaserveConfig()).draft_prefills()  # nothing learned yet
+    assert AdaservePolicy(AdaserveConfig()).draft_prefills(1)  # nothing learned yet
 
 
 def stand_down(policy: AdaservePolicy) -> None:
@@ -629,7 +629,9 @@ def test_adaserve_prefills_with_the_draft_where_speculation_pays_at_a_load_run()
     policy.gain = flat_gain(0.5, 4, 2)
     assert not policy.keep_draft_warm()  # a stand-down alone lets the draft go stale...
     stand_down(policy)
-    assert not policy.draft_prefills()  # ... and, having run one request only, so do prefills
+    assert not policy.draft_prefills(1)  # ... and, having run one request only, so do prefills
+    # A burst of three after a quiet spell brings a load where speculation pays: kept.
+    assert policy.draft_prefills(3)
     three = make_outcome(
         None, None, rids=("a", "b", "c"), context_tokens=0, accepted=torch.ones(3),
         verify_ms=14.0, iteration_ms=15.0,
@@ -637,7 +639,7 @@ def test_adaserve_prefills_with_the_draft_where_speculation_pays_at_a_load_run()
     policy.observe(three)
     assert not policy.keep_draft_warm()
     # Having run three requests, where speculation pays, every prefill keeps the draft.
-    assert all(policy.draft_prefills() for _ in range(2 * policy.config.probe_interval))
+    assert all(policy.draft_prefills(1) for _ in range(2 * policy.config.probe_interval))
 
 
 def test_shape_gain_leaves_out_requests_blind_to_the_draft():

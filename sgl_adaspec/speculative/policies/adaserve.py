@@ -196,6 +196,7 @@ class AdaservePolicy(PolicyBase):
     # `_speculation_pays`'s answers: loads -> (inputs, answer).
     _pays_cache: dict = field(default_factory=dict, repr=False)
     _max_load: int = field(default=1, repr=False)  # the most requests an iteration has run
+    _last_load: int = field(default=0, repr=False)  # the last iteration's requests
     _since_planned: int = field(default=0, repr=False)  # drafts decided since the plan sped up
     _plain_was_warm: bool = field(default=False, repr=False)  # the last plain iteration's extend
     # Share of recent plain iterations that ran warm (decayed): what of a draft forward the
@@ -352,10 +353,11 @@ class AdaservePolicy(PolicyBase):
         (`cost_rule.speculation_pays`); the knee rule always keeps it."""
         return self.config.budget_rule == "knee" or self._speculation_pays_alone()
 
-    def draft_prefills(self) -> bool:
+    def draft_prefills(self, new_requests: int) -> bool:
         """The draft prefills new requests unless the plan has not sped up for
         `BLIND_AFTER` x `probe_interval` iterations and the models say speculation pays at
-        no load the server has run (`_speculation_pays_somewhere`). Then a request is
+        no load the server has run or these requests bring (the last iteration's requests plus
+        `new_requests`: a burst after a quiet spell; `_speculation_pays_somewhere`). Then a request is
         prefilled without the draft, which on a GPU saves the draft's share of every prefill
         (simulator, a draft accepted a fifth as often, h100-llama8b, rate 8: ~14 % of the
         prefill time), and the request is blind to the draft for life, so both must agree:
@@ -366,14 +368,15 @@ class AdaservePolicy(PolicyBase):
         if (
             self.config.budget_rule == "knee"
             or self._since_planned < BLIND_AFTER * self.config.probe_interval
-            or self._speculation_pays_somewhere()
+            or self._speculation_pays_somewhere(self._last_load + new_requests)
         ):
             return True
         self._blind_prefills += 1
         return self._blind_prefills % self.config.probe_interval == 0
 
     def observe(self, outcome: Outcome) -> None:
-        self._max_load = max(self._max_load, len(outcome.rids))
+        self._last_load = len(outcome.rids)
+        self._max_load = max(self._max_load, self._last_load)
         # A plain iteration that skipped the draft extend leaves the next draft stale.
         self._stale = self._stale or not (outcome.speculated or outcome.draft_kept)
         if not outcome.speculated:
@@ -417,11 +420,12 @@ class AdaservePolicy(PolicyBase):
         )
         return self._speculation_pays((1,), margin)
 
-    def _speculation_pays_somewhere(self) -> bool:
+    def _speculation_pays_somewhere(self, coming_load: int) -> bool:
         """Whether speculation beats a plain decode at some load from one request to the most
-        the server has run (in steps of 2^(1/4)), with no switch edge: a request prefilled
-        without the draft stays blind to it for life, so doubt keeps the draft."""
-        top = math.log2(max(self._max_load, 1))
+        the server has run or `coming_load` (in steps of 2^(1/4)), with no switch edge: a
+        request prefilled without the draft stays blind to it for life, so doubt keeps the
+        draft."""
+        top = math.log2(max(self._max_load, coming_load, 1))
         loads = torch.unique(torch.round(2.0 ** torch.arange(0.0, top + 0.25, 0.25)))
         return self._speculation_pays(tuple(int(n) for n in loads.tolist()), 0.0)
 

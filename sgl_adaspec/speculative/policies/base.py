@@ -278,8 +278,8 @@ class PolicyBase:
         later draft starts from it. Default: no (the extend is skipped, the draft goes stale)."""
         return False
 
-    def draft_prefills(self) -> bool:
-        """Asked at each prefill of new requests: whether the draft prefills them too (SGLang's
+    def draft_prefills(self, new_requests: int) -> bool:
+        """Asked at each prefill of `new_requests` new requests: whether the draft prefills them too (SGLang's
         draft extend after the target's prefill). A request prefilled without it is blind to
         the draft for its life (the draft never saw its prompt): its candidates' path
         probabilities read 0, so nothing of its tree is verified. Default: yes."""
