@@ -356,12 +356,12 @@ class AdaservePolicy(PolicyBase):
     def draft_prefills(self, new_requests: int) -> bool:
         """The draft prefills new requests unless the plan has not sped up for
         `BLIND_AFTER` x `probe_interval` iterations and the models say speculation pays at
-        no load the server has run or these requests bring (the last iteration's requests plus
-        `new_requests`: a burst after a quiet spell; `_speculation_pays_somewhere`). Then a request is
-        prefilled without the draft, which on a GPU saves the draft's share of every prefill
-        (simulator, a draft accepted a fifth as often, h100-llama8b, rate 8: ~14 % of the
-        prefill time), and the request is blind to the draft for life, so both must agree:
-        a request blinded by a noisy verdict stays slow. One prefill in `probe_interval`
+        no load the server has run or these requests bring (the last iteration's requests
+        plus `new_requests`: a burst after a quiet spell; `_speculation_pays_somewhere`).
+        Then a request is prefilled without the draft, which on a GPU saves the draft's share
+        of every prefill (simulator, a draft accepted a fifth as often, h100-llama8b, rate 8:
+        ~14 % of the prefill time), and the request is blind to the draft for life, so both
+        must agree: a request blinded by a noisy verdict stays slow. One prefill in `probe_interval`
         still runs the draft, so that probes have requests to measure speculation on. Asked
         at one request alone, this blinded the demo's requests on a CPU where speculation
         pays at three and not one."""
@@ -512,9 +512,9 @@ class AdaservePolicy(PolicyBase):
         """The cost model's plan for the next draft (None until it has measurements), against
         a plain decode at `plain_ms` (None: the fitted price at this load). Reused while its
         inputs stand (the models' fits, the gain and calibration, the batch's SLOs and blind
-        requests, the context within ~9 %, the plain price) for up to `PLAN_REUSE` iterations, as the
-        requests' progress moves their needs slowly: planning costs ~1 ms of torch calls, a
-        fair share of a small model's plain decode."""
+        requests, the context within ~9 %, the plain price) for up to `PLAN_REUSE`
+        iterations, as the requests' progress moves their needs slowly: planning costs ~1 ms
+        of torch calls, a fair share of a small model's plain decode."""
         verify = self.verify_latency
         if verify.num_observations < 2 or not self.gain.known:
             return None

@@ -279,10 +279,11 @@ class PolicyBase:
         return False
 
     def draft_prefills(self, new_requests: int) -> bool:
-        """Asked at each prefill of `new_requests` new requests: whether the draft prefills them too (SGLang's
-        draft extend after the target's prefill). A request prefilled without it is blind to
-        the draft for its life (the draft never saw its prompt): its candidates' path
-        probabilities read 0, so nothing of its tree is verified. Default: yes."""
+        """Asked at each prefill of `new_requests` new requests: whether the draft prefills
+        them too (SGLang's draft extend after the target's prefill). A request prefilled
+        without it is blind to the draft for its life (the draft never saw its prompt): its
+        candidates' path probabilities read 0, so nothing of its tree is verified. Default:
+        yes."""
         return True
 
     def draft_shape(
