@@ -425,9 +425,9 @@ class AdaservePolicy(PolicyBase):
         the server has run or `coming_load` (in steps of 2^(1/4)), with no switch edge: a
         request prefilled without the draft stays blind to it for life, so doubt keeps the
         draft."""
-        top = math.log2(max(self._max_load, coming_load, 1))
-        loads = torch.unique(torch.round(2.0 ** torch.arange(0.0, top + 0.25, 0.25)))
-        return self._speculation_pays(tuple(int(n) for n in loads.tolist()), 0.0)
+        steps = math.ceil(4 * math.log2(max(self._max_load, coming_load, 1)))
+        loads = sorted({round(2.0 ** (i / 4)) for i in range(steps + 1)})
+        return self._speculation_pays(tuple(loads), 0.0)
 
     def _speculation_pays(self, loads: tuple[int, ...], margin: float) -> bool:
         """Whether speculation pays at any of `loads` by `margin` (`cost_rule.speculation_pays`,
@@ -438,9 +438,9 @@ class AdaservePolicy(PolicyBase):
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
             self.acceptance.version, self.plain_latency.version, round(self._warm_share, 1),
-            round(margin * 50), loads,
+            round(margin * 50),
         )  # fmt: skip
-        cached = self._pays_cache.get(loads)
+        cached = self._pays_cache.get(loads)  # one entry per set of loads asked
         if cached is not None and cached[0] == key:
             return cached[1]
         context = self._context_per_request
