@@ -82,15 +82,18 @@ def test_adaserve_stands_down_where_speculation_does_not_pay(
 ):
     # The random draft is almost never right: with the cost rule (the default) adaserve finds
     # no tree worth its price and runs plain iterations (SGLang's steps-0 path), probing
-    # speculation now and then; outputs stay token-identical across the switches. The second
-    # wave of the batch comes after it found that speculation pays at no load: its requests
+    # speculation now and then; outputs stay token-identical across the switches. The later
+    # waves of the batch come after it found that speculation pays at no load: their requests
     # are prefilled without the draft (`blind_prefill`), and their outputs stay identical too.
+    # Three waves, so that prefills come well after the 64 iterations without planned
+    # speculation that a blind prefill waits for: a CI run with other jobs beside it saw none
+    # in two waves (2026-11-27; its stats were not kept, the message below keeps them now).
     waves, state = run_policy(
-        tmp_path_factory, models.target, models.eagle_draft, ("adaserve",), waves=2
+        tmp_path_factory, models.target, models.eagle_draft, ("adaserve",), waves=3
     )
-    assert waves == [random_pair_reference] * 2
+    assert waves == [random_pair_reference] * 3
     stats = state["stats"]
-    assert stats["blind_prefills"] > 0
+    assert stats["blind_prefills"] > 0, {k: stats[k] for k in ("iterations", "plain_iterations")}
     assert stats["plain_iterations"] > stats["iterations"]
     # A request served by plain iterations only still reports its TPOT against its SLO.
     assert stats["classes"]["chat"]["finished"] == 1
