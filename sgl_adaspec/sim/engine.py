@@ -203,6 +203,7 @@ class Instance:
     running: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     now: float = 0.0
     after_prefill: bool = True  # the last forward was a prefill (or none ran yet)
+    stall_ms: float = 0.0  # prefill time since the last decode iteration, with requests running
 
     @property
     def busy(self) -> bool:
@@ -226,6 +227,8 @@ class Instance:
                 result.draft_blind[admitted] = True
             elapsed_ms = self.latency.prefill_ms(int(prompt[admitted].sum()), with_draft)
             self.now += elapsed_ms / 1000.0
+            if self.running.size > 0:  # they wait for it
+                self.stall_ms += elapsed_ms
             result.prefill_ms += elapsed_ms
             result.prefill_batches += 1
             tokens[admitted] = 1
@@ -236,9 +239,9 @@ class Instance:
         self.now, finished = _decode_iteration(
             self.running, self.now, self.workload, self.latency, self.acceptance, self.policy,
             self.rng, self.alpha[self.running], self.beta[self.running], tokens, result,
-            self.after_prefill,
+            self.after_prefill, self.stall_ms,
         )  # fmt: skip
-        self.after_prefill = False
+        self.after_prefill, self.stall_ms = False, 0.0
         if not finished.any():
             return 0
         gone = self.running[finished]
@@ -272,10 +275,11 @@ def _decode_iteration(
     tokens: np.ndarray,
     result: SimResult,
     after_prefill: bool,
+    stall_ms: float = 0.0,
 ) -> tuple[float, np.ndarray]:
     """One speculative (or plain) decode iteration of the running batch (alpha, beta [n]: the
-    running requests' acceptance parameters); returns the new clock and which running requests
-    finished [n] bool."""
+    running requests' acceptance parameters; stall_ms: the prefills they waited on since their
+    last iteration); returns the new clock and which running requests finished [n] bool."""
     start = result.decode_start_s[running]
     fresh = np.isnan(start)
     result.decode_start_s[running[fresh]] = now
@@ -316,7 +320,7 @@ def _decode_iteration(
     remaining = workload.output_tokens[running] - tokens[running]
     committed = np.minimum(accepted + 1, remaining)
     tokens[running] += committed
-    policy.observe(decision, accepted, elapsed_ms, verify_ms, deepest, after_prefill)
+    policy.observe(decision, accepted, elapsed_ms, verify_ms, deepest, after_prefill, stall_ms)
     result.iterations += 1
     result.request_iterations += running.size
     result.verified_tokens += verified

@@ -81,10 +81,13 @@ class SimPolicy(Protocol):
         verify_ms: float,
         deepest: np.ndarray | None = None,
         after_prefill: bool = False,
+        stall_ms: float = 0.0,
     ) -> None:
         """accepted [B]: draft tokens accepted per request (bonus not counted); deepest [B]:
         each request's deepest accepted node (-1: none; None without speculation);
-        after_prefill: a prefill ran just before this iteration (`Outcome.after_prefill`)."""
+        after_prefill: a prefill ran just before this iteration (`Outcome.after_prefill`);
+        stall_ms: prefill time the running requests waited on since their last iteration
+        (`Outcome.stall_ms`)."""
 
 
 def _beam_forwards(num_requests: int, depth: int, width: int) -> tuple[int, ...]:
@@ -112,7 +115,14 @@ class NoSpeculation:
         return True
 
     def observe(
-        self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False
+        self,
+        decision,
+        accepted,
+        latency_ms,
+        verify_ms,
+        deepest=None,
+        after_prefill=False,
+        stall_ms=0.0,
     ) -> None:
         pass
 
@@ -141,7 +151,14 @@ class StaticTree:
         )
 
     def observe(
-        self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False
+        self,
+        decision,
+        accepted,
+        latency_ms,
+        verify_ms,
+        deepest=None,
+        after_prefill=False,
+        stall_ms=0.0,
     ) -> None:
         pass
 
@@ -218,7 +235,14 @@ class AdaptiveSteps:
         return Decision((num_requests,) * steps, trees, selected, verified, steps, 1)
 
     def observe(
-        self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False
+        self,
+        decision,
+        accepted,
+        latency_ms,
+        verify_ms,
+        deepest=None,
+        after_prefill=False,
+        stall_ms=0.0,
     ) -> None:
         tier = self.tier(len(decision.verified))
         if tier.steps > 0:
@@ -300,7 +324,14 @@ class ServerPolicy:
         return self.policy.draft_prefills(new_requests)
 
     def observe(
-        self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False
+        self,
+        decision,
+        accepted,
+        latency_ms,
+        verify_ms,
+        deepest=None,
+        after_prefill=False,
+        stall_ms=0.0,
     ) -> None:
         it, server_decision, rids, context = self._pending
         if server_decision is None:
@@ -316,6 +347,7 @@ class ServerPolicy:
             deepest_accepted=None if deepest is None else torch.from_numpy(deepest),
             after_prefill=after_prefill,
             draft_kept=decision.warm_draft,
+            stall_ms=stall_ms,
         )
         self.policy.observe(outcome)
 

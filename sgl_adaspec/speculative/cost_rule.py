@@ -251,6 +251,7 @@ def plan_shape(
     plain_ms: float,
     surplus_weight: float = 0.1,
     margin: float = 0.0,
+    wall_per_decode: float = 1.0,
 ) -> PlanChoice | None:
     """Before the draft: the shape (d, w) and node count k per request that maximize the
     SLO-aware objective over every shape `gain` has seen; depth 0 when a plain decode scores
@@ -259,10 +260,13 @@ def plan_shape(
     slo: the running requests' SLO state; plain_ms: a plain iteration's predicted wall time
     (measured apart: `PolicyBase.plain_latency`); margin: how much more tokens per ms than a
     plain decode every SLO group must expect for speculation to be chosen (asked of tokens per
-    ms, not of the objective, which moves a tenth as much for requests ahead of their SLO).
+    ms, not of the objective, which moves a tenth as much for requests ahead of their SLO);
+    wall_per_decode: the wall time a request spends per ms of decode iterations, stalls for
+    prefills included (`PolicyBase.wall_per_decode`).
     A request commits e(s, k) = 1 + its SLO group's gain tokens in an iteration of T(s, k) ms.
-    What it needs in that iteration is its A(r) for an iteration of T ms (what puts it back on
-    its SLO track), and at least its SLO's pace T / SLO. Its tokens count in full up to that
+    What it needs in that iteration is its A(r) for the wall time W = T x wall_per_decode the
+    iteration and the stalls that follow it take (what puts it back on its SLO track), and at
+    least its SLO's pace W / SLO. Its tokens count in full up to that
     need and with weight `surplus_weight` beyond it; a best-effort request's count in full.
     The objective is the batch's counted tokens per ms: speed goes first to the requests that
     need it, the rest of the choice is throughput, which also drains the queue. A shape under
@@ -308,9 +312,11 @@ def plan_shape(
         group = SloBatch(
             slo.tpot_slo_ms[members], slo.decode_elapsed_ms[members], slo.tokens_out[members]
         )
-        counted += _counted(expected, iteration, group, surplus_weight).sum(0)
+        wall = iteration * wall_per_decode
+        counted += _counted(expected, wall, group, surplus_weight).sum(0)
+        plain_wall = plain_ms * wall_per_decode
         plain_counted += float(
-            _counted(torch.ones_like(plain_ms), plain_ms, group, surplus_weight).sum()
+            _counted(torch.ones_like(plain_ms), plain_wall, group, surplus_weight).sum()
         )
     objective = counted / iteration
     objective[:, 0] = -1.0  # k = 0 with a draft is never better than a plain decode
@@ -369,14 +375,15 @@ def speculation_pays(
 
 
 def _counted(
-    expected: torch.Tensor, iteration_ms: torch.Tensor, group: SloBatch, surplus_weight: float
+    expected: torch.Tensor, wall_ms: torch.Tensor, group: SloBatch, surplus_weight: float
 ) -> torch.Tensor:
-    """expected [S, K]: tokens an iteration of iteration_ms [S, K] commits for each request of
-    `group` (one SLO) -> [G, S, K]: those tokens as `plan_shape` counts them."""
+    """expected [S, K]: tokens an iteration commits for each request of `group` (one SLO),
+    while wall_ms [S, K] pass (the iteration and its stalls) -> [G, S, K]: those tokens as
+    `plan_shape` counts them."""
     tpot = group.tpot_slo_ms.view(-1, 1, 1)  # [G, 1, 1]
     elapsed = group.decode_elapsed_ms.view(-1, 1, 1)
-    behind = (elapsed + iteration_ms) / tpot - group.tokens_out.view(-1, 1, 1)  # A(r) for T ms
-    need = torch.maximum(behind, iteration_ms / tpot)  # [G, S, K]
+    behind = (elapsed + wall_ms) / tpot - group.tokens_out.view(-1, 1, 1)  # A(r) for W ms
+    need = torch.maximum(behind, wall_ms / tpot)  # [G, S, K]
     return torch.minimum(expected, need) + surplus_weight * (expected - need).clamp(min=0)
 
 

@@ -83,26 +83,35 @@ class LinearLatency:
                 typical = torch.ones_like(typical)
             coef = self._fit(data[typical])
             if len(data) >= 3:
-                predicted = data[:, :-1] @ coef[:-1] + coef[-1]
+                predicted = self._predict_rows(data[:, :-1], coef)
                 kept = latency <= STALL_FACTOR * predicted.clamp(min=1e-6)
                 if not torch.equal(kept, typical):  # else the fit above is the one
                     coef = self._fit(data[kept])
             self._coef = coef
         return self._coef
 
+    def _predict_rows(self, x: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+        """x [M, F] observed features, coef as `coefficients` -> [M] latencies."""
+        return x @ coef[:-1] + coef[-1]
+
     def _fit(self, data: torch.Tensor) -> torch.Tensor:
         """data [M, F + 1] (features, latency) -> [F + 1] slopes (clamped >= 0), intercept."""
-        x, y = data[:, :-1], data[:, -1]
-        scale = x.abs().amax(dim=0).clamp(min=1.0)  # [F]: condition the normal equations
-        xs = torch.cat([x / scale, torch.ones_like(y).unsqueeze(1)], dim=1)  # [M, F + 1]
+        return self._fit_many(data[:, :-1], data[:, -1])
+
+    def _fit_many(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x [..., M, F] features (one fit per leading index), y [M] latencies -> [..., F + 1]
+        slopes (clamped >= 0), intercept."""
+        scale = x.abs().amax(dim=-2, keepdim=True).clamp(min=1.0)  # [..., 1, F]: conditioning
+        ones = torch.ones_like(x[..., :1])
+        xs = torch.cat([x / scale, ones], dim=-1)  # [..., M, F + 1]
         penalty = torch.full((self.num_features + 1,), self.ridge, dtype=torch.float64)
         penalty[-1] = 0.0
-        gram = xs.T @ xs + torch.diag(penalty) * len(y)
-        coef = torch.linalg.lstsq(gram, xs.T @ y.unsqueeze(1)).solution.squeeze(1)
-        slopes = (coef[:-1] / scale).clamp(min=0.0)
+        gram = xs.mT @ xs + torch.diag(penalty) * len(y)
+        coef = torch.linalg.lstsq(gram, xs.mT @ y.unsqueeze(-1)).solution.squeeze(-1)
+        slopes = (coef[..., :-1] / scale.squeeze(-2)).clamp(min=0.0)
         # Refit the intercept for the clamped slopes so the mean is still matched.
-        intercept = (y - x @ slopes).mean()
-        return torch.cat([slopes, intercept.unsqueeze(0)])
+        intercept = (y - (x @ slopes.unsqueeze(-1)).squeeze(-1)).mean(dim=-1)
+        return torch.cat([slopes, intercept.unsqueeze(-1)], dim=-1)
 
     def predict_tensor(self, *features: torch.Tensor | float) -> torch.Tensor | None:
         """`predict` for many points at once: one broadcastable tensor (or number) per feature;
@@ -122,17 +131,32 @@ class LinearLatency:
         return max(float(x @ coef), 0.0)
 
 
+# Knees the verify fit tries: a ratio of 2^(1/4) apart, as a forward's cost is read in tokens.
+KNEE_STEP = 2**0.25
+# A knee is kept only where it leaves at most this share of the squared error without one.
+KNEE_GAIN = 0.8
+# ... and only where the fit without one leaves more than this share of the latencies' spread.
+KNEE_RESIDUAL = 0.01
+
+
 @dataclass
 class VerifyLatency(LinearLatency):
-    """A forward's latency vs (tokens T, context tokens): w1 T + w2 log2 T + w3 context +
-    intercept, all weights >= 0. The log term lets the fit bend: on a CPU a one-token forward
-    runs at a fraction of an eight-token one's cost per token (SmolLM2 here: 76 ms at 1 token,
-    158 at 8, 338 at 64), and a line through passes of many tokens prices a few-token one ~2x.
-    On a GPU, flat then linear, w2 is ~0. Callers pass (T, context); with_context=False leaves
-    the context out of the fit (the window then follows it as it drifts)."""
+    """A forward's latency vs (tokens T, context tokens): w1 max(T, knee) + w2 log2 T + w3
+    context + intercept, all weights >= 0. The log term lets the fit bend down: on a CPU a
+    one-token forward runs at a fraction of an eight-token one's cost per token (SmolLM2 here:
+    76 ms at 1 token, 158 at 8, 338 at 64), and a line through passes of many tokens prices a
+    few-token one ~2x. The knee lets it bend up: on a GPU a forward is flat (memory-bound) up
+    to the knee, then linear (compute-bound), and a line through both parts prices a pass
+    below the knee far too cheap (simulator, h100-llama8b, 52 requests: 0.56x at one token per
+    request, 0.74x at two), so the plan chose shallow drafts under load. The knee is the one of
+    a grid that fits best, kept where the fit without one (knee 1) misses (`KNEE_RESIDUAL`) and
+    the knee cuts its squared error by a fifth (`KNEE_GAIN`). Callers pass (T, context);
+    with_context=False leaves the context out of the fit (the window then follows it as it
+    drifts)."""
 
     num_features: int = 3
     with_context: bool = True
+    knee: float = 1.0  # of the last fit
 
     def __post_init__(self) -> None:
         self.num_features = 3 if self.with_context else 2
@@ -142,22 +166,58 @@ class VerifyLatency(LinearLatency):
         log_tokens = math.log2(max(tokens, 1))
         return (tokens, log_tokens, context) if self.with_context else (tokens, log_tokens)
 
+    def _fit(self, data: torch.Tensor) -> torch.Tensor:
+        """The fit of the knee (from a grid within the tokens observed, and 1) with the least
+        squared error; sets `knee`."""
+        x, y = data[:, :-1], data[:, -1]
+        tokens = x[:, 0]
+        low, high = float(tokens.min()), float(tokens.max())
+        steps = math.ceil(math.log(max(high, 1.0), KNEE_STEP))
+        grid = KNEE_STEP ** torch.arange(1, max(steps, 1), dtype=torch.float64)
+        knees = torch.cat([torch.ones(1, dtype=torch.float64), grid[(grid > low) & (grid < high)]])
+        bent = x.expand(len(knees), *x.shape).clone()  # [K, M, F]
+        bent[..., 0] = torch.maximum(tokens, knees.unsqueeze(1))
+        coef = self._fit_many(bent, y)  # [K, F + 1]
+        predicted = (bent @ coef[:, :-1].unsqueeze(-1)).squeeze(-1) + coef[:, -1:]  # [K, M]
+        error = ((predicted - y) ** 2).sum(dim=1)  # [K]
+        best = int(error.argmin())  # the first (lowest) of ties
+        spread = float(((y - y.mean()) ** 2).sum())
+        if error[best] > KNEE_GAIN * error[0] or error[0] <= KNEE_RESIDUAL * spread:
+            # A knee is one more parameter: on a few points of a line (or of noise) some knee
+            # always fits a little better and bends the prediction where no bend is.
+            best = 0
+        self.knee = float(knees[best])
+        return coef[best]
+
+    def _predict_rows(self, x: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+        bent = x.clone()
+        bent[:, 0] = x[:, 0].clamp(min=self.knee)
+        return super()._predict_rows(bent, coef)
+
     def observe(self, features: tuple[float, ...], latency_ms: float) -> None:
         super().observe(self._features(*features), latency_ms)
 
     def predict(self, features: tuple[float, ...]) -> float | None:
-        return super().predict(self._features(*features))
+        coef = self.coefficients()  # fit first: it sets the knee
+        if coef is None:
+            return None
+        tokens, *rest = self._features(*features)
+        return super().predict((max(tokens, self.knee), *rest))
 
     def predict_tensor(self, tokens, context) -> torch.Tensor | None:
+        if self.coefficients() is None:
+            return None
         tokens = torch.as_tensor(tokens, dtype=torch.float64)
         log_tokens = tokens.clamp(min=1).log2()
+        bent = tokens.clamp(min=self.knee)
         if not self.with_context:
-            return super().predict_tensor(tokens, log_tokens)
-        return super().predict_tensor(tokens, log_tokens, context)
+            return super().predict_tensor(bent, log_tokens)
+        return super().predict_tensor(bent, log_tokens, context)
 
     def marginal_ms(self, tokens: float) -> float | None:
         """d latency / d T at T tokens: one more token's price there."""
         coef = self.coefficients()
         if coef is None:
             return None
-        return float(coef[0] + coef[1] / (max(tokens, 1.0) * math.log(2)))
+        linear = float(coef[0]) if tokens >= self.knee else 0.0
+        return linear + float(coef[1] / (max(tokens, 1.0) * math.log(2)))

@@ -205,3 +205,46 @@ def test_adaserve_prefills_without_the_draft_where_speculation_never_pays():
     assert ada.draft_blind.mean() > 0.5
     assert ada.prefill_ms - plain.prefill_ms < 0.3 * (static.prefill_ms - plain.prefill_ms)
     assert (ada.committed == workload.output_tokens).all()
+
+
+@dataclass
+class _StallRecorder:
+    """No speculation, keeping each iteration's batch size and the prefill time it waited."""
+
+    inner: object
+    stalls: list = field(default_factory=list)  # (running requests, stall ms)
+
+    def __post_init__(self) -> None:
+        self.name, self.speculates = self.inner.name, self.inner.speculates
+
+    def decide(self, slo, *rest) -> Decision:
+        self._running = slo.num_requests
+        return self.inner.decide(slo, *rest)
+
+    def draft_prefills(self, new_requests: int) -> bool:
+        return self.inner.draft_prefills(new_requests)
+
+    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False,
+                stall_ms=0.0) -> None:  # fmt: skip
+        self.stalls.append((self._running, stall_ms))
+
+
+def test_requests_running_through_a_prefill_report_the_wait():
+    """The server's `LoopClock.stall_ms`: a request arriving while another decodes is
+    prefilled between two of its iterations, and the next iteration reports that prefill's
+    time; the first request's own prefill, with nothing running, stalls no one."""
+    workload = WorkloadArrays(
+        ("coding", "chat", "summarization"),
+        arrival_s=np.array([0.0, 0.05]),
+        class_index=np.zeros(2, dtype=np.int64),
+        prompt_tokens=np.full(2, 2000),
+        output_tokens=np.full(2, 100),
+        tpot_slo_ms=np.full(2, np.nan),
+    )
+    latency = get_preset("h100-llama8b")
+    recorder = _StallRecorder(make_policy("none", 64, latency.baseline_tpot_ms))
+    result = simulate(workload, latency, SYNTHETIC_DEFAULT, recorder, 0, EngineConfig())
+    stalled = [(n, ms) for n, ms in recorder.stalls if ms > 0]
+    assert len(stalled) == 1 and stalled[0][0] == 2
+    assert stalled[0][1] == pytest.approx(latency.prefill_ms(2000, False))
+    assert result.prefill_batches == 2

@@ -12,6 +12,7 @@ from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
+from sgl_adaspec.speculative.policies.base import make_outcome
 from sgl_adaspec.speculative.shapes import restrict_to_shape
 from sgl_adaspec.speculative.stats import SpecStats
 
@@ -90,6 +91,32 @@ def test_cost_rule_slo_phase_skips_a_request_too_far_behind_to_catch_up_this_ite
     # Request 1 takes the .9 and .8 nodes that put it back on track (1 + 1.7 >= 2.5); the
     # last node of the budget goes batch-wide by f, to request 0's .9.
     assert selection.counts.tolist() == [1, 2]
+
+
+def test_cost_rule_asks_a_for_the_wall_time_prefill_stalls_included():
+    """Requests that waited on prefills 8 ms for every 10 ms of decode iterations must commit
+    at 1.8x their SLO's pace while they decode: A(r) = (elapsed + 1.8 t_spec) / SLO - out."""
+    policy = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="cost"))
+    for _ in range(3):
+        policy.observe(
+            make_outcome(
+                None, None, rids=("r0", "r1"), context_tokens=200, accepted=torch.ones(2),
+                verify_ms=9.0, iteration_ms=10.0, stall_ms=8.0,
+            )
+        )  # fmt: skip
+    assert policy.wall_per_decode == pytest.approx(1.8)
+    policy.observe_iteration(10.0)
+    slo = SloBatch(
+        tpot_slo_ms=torch.tensor([10.0, 10.0], dtype=torch.float64),
+        decode_elapsed_ms=torch.tensor([50.0, 60.0], dtype=torch.float64),
+        tokens_out=torch.tensor([5.0, 5.0], dtype=torch.float64),
+    )
+    _, required, _ = policy.select(two_chains(), slo)
+    assert required.tolist() == pytest.approx([1.8, 2.8])  # (50 + 18) / 10 - 5, (60 + 18) ...
+    # The paper's rule (knee) keeps AdaServe's A(r) over one iteration.
+    paper = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="knee"))
+    paper.observe_iteration(10.0)
+    assert paper.select(two_chains(), slo)[1].tolist() == pytest.approx([1.0, 2.0])
 
 
 def test_latency_estimates_are_smoothed_and_baseline_can_be_pinned():

@@ -232,6 +232,28 @@ def test_speed_goes_to_the_requests_that_need_it():
     assert plan(gain, 2, linear_ms(10.0, 2.0)).depth > 0
 
 
+def test_stalls_between_iterations_raise_the_need_and_deepen_the_plan():
+    """r0 (SLO 10 ms) has a draft that is almost always right (f = 0.95 per level), r1 (SLO
+    100 ms) one that tires (0.8, 0.4, 0.2, 0.1). Verify: 10 ms + 1 ms per extra token; each
+    draft step 3 ms. A 2-deep chain: 21 ms, r0 2.9 tokens, r1 2.2; a 3-deep one: 26 ms, 3.85
+    and 2.4 (4-deep would give r1 2.5 / 31 ms, slower than a plain 1 / 11). Decoding alone,
+    r0 needs T / 10 = 2.1 / 2.6 tokens: counted (2.18 + 0.409) / 21 = .1233 against (2.725 +
+    0.474) / 26 = .1230, the 2-deep chain. Waiting on prefills as long as it decodes, r0 needs
+    twice that, more than either chain gives: (2.9 + 0.598) / 21 = .167 against (3.85 +
+    0.708) / 26 = .175, the 3-deep chain."""
+    gain = ShapeGain(max_nodes=4)
+    gain.observe(beam([[[0.95]] * 4, [[0.8], [0.4], [0.2], [0.1]]]), 4, 1, groups=[10.0, 100.0])
+    gain.refresh(lambda f: f)
+    three_per_step = lambda steps, rows: 3.0 * torch.as_tensor(steps, dtype=torch.float64)
+    batch = slo([10.0, 100.0])
+    alone = plan(gain, 2, linear_ms(10.0, 1.0), three_per_step, batch=batch)
+    assert (alone.depth, alone.nodes_per_request) == (2, 2)
+    assert alone.objective == pytest.approx((2.18 + 0.409) / 21)
+    stalled = plan(gain, 2, linear_ms(10.0, 1.0), three_per_step, batch=batch, wall_per_decode=2)
+    assert (stalled.depth, stalled.nodes_per_request) == (3, 3)
+    assert stalled.objective == pytest.approx((3.85 + 0.708) / 26)
+
+
 def test_no_slo_group_is_slowed_down_to_speed_up_another():
     """r0 (SLO 5 ms, out of reach) has a draft that is almost always right, r1 (SLO 100 ms) one
     that never is. Verify: 10 ms + 2 ms per extra token, draft free; plain decode 12 ms. A

@@ -171,3 +171,29 @@ def test_verify_latency_stays_linear_on_a_linear_cost():
         model.observe((tokens, 100), 10.0 + 0.5 * tokens)
     assert model.predict((32, 100)) == pytest.approx(26.0, rel=0.02)
     assert model.marginal_ms(32) == pytest.approx(0.5, rel=0.1)
+
+
+def test_verify_latency_finds_the_knee_of_a_flat_then_linear_cost():
+    # A GPU forward (roofline): 7 ms while memory-bound, up to 200 tokens, then 0.027 ms per
+    # token, at 15000 context tokens. A line through both parts prices 52 tokens ~0.56x.
+    def roofline(tokens: int) -> float:
+        return 7.0 + 0.027 * max(tokens - 200, 0)
+
+    model = VerifyLatency()
+    for tokens in (52, 104, 156, 208, 260, 312, 416, 520):
+        model.observe((tokens, 15000), roofline(tokens))
+    for tokens in (52, 104, 200, 260, 416):
+        assert model.predict((tokens, 15000)) == pytest.approx(roofline(tokens), rel=0.05)
+    assert 150 <= model.knee <= 260
+    assert model.marginal_ms(100) == pytest.approx(0.0, abs=0.005)
+    assert model.marginal_ms(400) == pytest.approx(0.027, rel=0.1)
+    predicted = model.predict_tensor(torch.tensor([52.0, 416.0]), 15000).tolist()
+    assert predicted == pytest.approx([model.predict((52, 15000)), model.predict((416, 15000))])
+
+
+def test_verify_latency_of_one_token_count_only():
+    model = VerifyLatency(with_context=False)
+    for ms in (80.0, 82.0, 78.0):
+        model.observe((1, 0), ms)
+    assert model.predict((1, 0)) == pytest.approx(80.0)
+    assert model.knee == 1.0

@@ -12,7 +12,8 @@ Two budget rules (`AdaserveConfig.budget_rule`):
   no speculation -- when a plain decode scores higher; after it, the verify budget B is the
   prefix of the batch-wide ranking (calibrated f) that maximizes expected committed tokens per
   ms of the iteration (`cost_rule.cost_budget`); AdaServe's SLO-customized phase then spends B
-  first, most urgent request first, at most ~1.2 B / n nodes each.
+  first, most urgent request first, at most ~1.2 B / n nodes each. Both read a request's need
+  over the wall time an iteration takes, prefill stalls included (`wall_per_decode`).
 - "knee": the paper's rules, kept for comparison: B at the knee of the start-up verify
   profile (or --adaserve-budget), (d, w) from eq. 8-9.
 """
@@ -503,6 +504,8 @@ class AdaservePolicy(PolicyBase):
             "gain_curve": None if curve is None else [round(x, 3) for x in curve[:9].tolist()],
             # Planned speculation's realized over predicted tokens per ms (`track_record`).
             "delivered_over_planned": round(self.record_at(num_requests).ratio, 3),
+            # Wall time per ms of decode iterations, prefill stalls included: the pace of needs.
+            "wall_per_decode": round(self.wall_per_decode, 3),
         }
         if shape is not None:
             report.update(depth=shape[0], width=shape[1])
@@ -524,12 +527,13 @@ class AdaservePolicy(PolicyBase):
         base = self.config.switch_margin if self._plain_run > 0 else 0.0
         # In steps of 2 %, so the plan cache survives the record's drift.
         margin = round(self.record_at(slo.num_requests).required_edge(base) * 50) / 50
+        pace = round(self.wall_per_decode * 20) / 20  # in steps of 5 %, as the margin
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
             self.acceptance.version, self.plain_latency.version,
             int(8 * math.log2(1 + self._context_tokens)),
             tuple(slo.tpot_slo_ms.nan_to_num(-1.0).tolist()), margin, plain_ms,
-            None if slo.draft_blind is None else tuple(slo.draft_blind.tolist()),
+            None if slo.draft_blind is None else tuple(slo.draft_blind.tolist()), pace,
         )  # fmt: skip
         cached_plan, uses = self._plan_cache.get(key, (None, PLAN_REUSE))
         if uses < PLAN_REUSE:
@@ -546,6 +550,7 @@ class AdaservePolicy(PolicyBase):
             draft_ms=self.draft_latency.predict_tensor,
             plain_ms=plain_ms or 0.0,
             margin=margin,
+            wall_per_decode=pace,
         )
         if len(self._plan_cache) >= 2:  # the plan and the one against the plain floor
             del self._plan_cache[next(iter(self._plan_cache))]
@@ -591,10 +596,14 @@ class AdaservePolicy(PolicyBase):
                 plan = Plan(plan.depth, plan.width, min(budget, plan.budget))
             # A(r) counts accepted tokens: the SLO phase reads calibrated f' as well.
             shaped = shaped.with_path_prob(calibrated)
-        required = required_tokens(slo, self.t_spec_ms or 0.0)
-        required = torch.where(self.infeasible(slo, plan), 0.0, required)
         if self.config.budget_rule == "cost":
+            # A(r) for the wall time until the next iteration, prefill stalls included.
+            required = required_tokens(slo, (self.t_spec_ms or 0.0) * self.wall_per_decode)
+            required = torch.where(self.infeasible(slo, plan), 0.0, required)
             required = torch.where(beyond_reach(shaped, required), 0.0, required)
+        else:
+            required = required_tokens(slo, self.t_spec_ms or 0.0)
+            required = torch.where(self.infeasible(slo, plan), 0.0, required)
         n_max = self.config.max_nodes_per_request
         if n_max is None and self.config.budget_rule == "cost":
             # As AdaServe's public code: the SLO phase gives one request at most ~1.2 B / n

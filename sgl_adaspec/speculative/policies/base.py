@@ -37,6 +37,8 @@ from sgl_adaspec.speculative.stats import SpecStats
 
 # Plain iterations in a row that price a plain decode even if none was steady (`observe`).
 MAX_PLAIN_UNFITTED = 3
+# Weight of the past, per iteration, in the decayed sums behind `wall_per_decode`.
+STALL_DECAY = 0.99
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,9 @@ class Outcome:
     - after_prefill: the iteration came right after a prefill (or was the first): its time
       includes the switch from extend to decode, no steady iteration's price;
     - draft_kept: a plain iteration kept the draft's state (its extend ran: `keep_draft_warm`);
-      one that did not leaves the next draft stale."""
+      one that did not leaves the next draft stale;
+    - stall_ms: wall time since the previous decode iteration that requests of both spent
+      waiting on other forwards (prefills): part of their TPOT no decode iteration shows."""
 
     rids: tuple[str, ...]
     verified: torch.Tensor
@@ -129,6 +133,7 @@ class Outcome:
     early_exit: tuple[int, int, float] | None = None
     after_prefill: bool = False
     draft_kept: bool = True
+    stall_ms: float = 0.0
 
     @property
     def speculated(self) -> bool:
@@ -148,6 +153,7 @@ def make_outcome(
     deepest_accepted: torch.Tensor | None = None,
     after_prefill: bool = False,
     draft_kept: bool = False,
+    stall_ms: float = 0.0,
 ) -> Outcome:
     """The outcome of an iteration that ran `decision` on `it` (both None: no speculation;
     `draft_kept`: that plain iteration kept the draft's state). deepest_accepted [B] int64:
@@ -157,6 +163,7 @@ def make_outcome(
         return Outcome(
             rids, ones, accepted, None, None, verify_ms, iteration_ms, context_tokens, 0, 0,
             len(rids), 0, 0, after_prefill=after_prefill, draft_kept=draft_kept,
+            stall_ms=stall_ms,
         )  # fmt: skip
     selection = decision.selection
     f = torch.where(selection.mask, it.cands.path_prob.to(selection.mask.device), 0.0)
@@ -178,6 +185,7 @@ def make_outcome(
         width=decision.width,
         early_exit=early_exit,
         after_prefill=after_prefill,
+        stall_ms=stall_ms,
     )
 
 
@@ -219,6 +227,9 @@ class PolicyBase:
     _previous_plain: int = field(default=0, repr=False)
     _plain_unfitted: int = field(default=0, repr=False)
     _last_verified_tokens: int = field(default=1, repr=False)
+    # Decayed sums of decode iterations' wall time and of the stalls between them.
+    _decode_ms_sum: float = field(default=0.0, repr=False)
+    _stall_ms_sum: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:
         check_common_config(self.latency_smoothing, self.baseline_tpot_ms_config)
@@ -230,6 +241,8 @@ class PolicyBase:
         """The one feedback entry of an iteration: latencies, then what each request committed,
         then the statistics. Subclasses extend the pieces below, not this sequence."""
         verified_tokens = int(outcome.verified.sum())
+        self._decode_ms_sum = STALL_DECAY * self._decode_ms_sum + outcome.iteration_ms
+        self._stall_ms_sum = STALL_DECAY * self._stall_ms_sum + outcome.stall_ms
         self.observe_verify(outcome.verify_ms, verified_tokens, outcome.context_tokens)
         if outcome.early_exit is not None:
             self.observe_early_exit(*outcome.early_exit)
@@ -265,6 +278,16 @@ class PolicyBase:
                 outcome.iteration_ms, len(outcome.rids), outcome.context_tokens, steady
             )
         self._previous_plain = 0 if outcome.speculated else len(outcome.rids)
+
+    @property
+    def wall_per_decode(self) -> float:
+        """Wall time a running request spends per ms of decode iterations, recently: 1 plus
+        the stalls (prefills) between its iterations. A request on its SLO track at the end
+        of an iteration falls behind it in the next stall, so while it decodes it must commit
+        at this multiple of its SLO's pace."""
+        if self._decode_ms_sum <= 0:
+            return 1.0
+        return 1.0 + self._stall_ms_sum / self._decode_ms_sum
 
     def draft_is_stale(self) -> bool:
         """Whether this iteration's draft ran on stale state (after iterations without

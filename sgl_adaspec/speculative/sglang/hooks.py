@@ -64,7 +64,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         return original(worker, batch, *args, **kwargs)
     clock = runtime().clock
     if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
-        clock.last_decode_end_s = None
+        clock.interrupt()
         return original(worker, batch, *args, **kwargs)
     if batch.forward_mode.is_idle():
         clock.last_decode_end_s = None
@@ -74,7 +74,9 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     sync, tiers = runtime().tp_sync, runtime().tiers
     configured = (worker.speculative_num_steps, worker.topk)
     after_prefill = clock.last_decode_end_s is None
-    start = clock.cycle_start(clock.now())
+    forward_start = clock.now()
+    start = clock.cycle_start(forward_start)
+    stall_ms = clock.stall_ms(frozenset(req.rid for req in batch.reqs), forward_start)
     with iteration_scope() as scope:
         if sync.leads:
             # slo_batch attaches the SLO clock of requests decoding for the first time.
@@ -113,7 +115,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         rows = (depth - 1) * num_requests * width
         policy.stats.observe_draft(depth, width, rows, replayed=not scope.draft_forward_ran)
     if scope.verify_ms is not None:
-        policy.observe(_outcome(batch, scope, iteration_ms, after_prefill, warm))
+        policy.observe(_outcome(batch, scope, iteration_ms, after_prefill, warm, stall_ms))
     report_to_dispatcher(policy)
     return result
 
@@ -127,7 +129,12 @@ def _tier_of(tiers: TierStates | None, shape: tuple[int, int], batch) -> tuple[i
 
 
 def _outcome(
-    batch, scope: Iteration, iteration_ms: float, after_prefill: bool, draft_kept: bool
+    batch,
+    scope: Iteration,
+    iteration_ms: float,
+    after_prefill: bool,
+    draft_kept: bool,
+    stall_ms: float,
 ) -> Outcome:
     reqs = batch.reqs
     context_tokens = sum(len(req.origin_input_ids) + len(req.output_ids) for req in reqs)
@@ -143,6 +150,7 @@ def _outcome(
         deepest_accepted=scope.deepest_accepted,
         after_prefill=after_prefill,
         draft_kept=draft_kept,
+        stall_ms=stall_ms,
     )
 
 

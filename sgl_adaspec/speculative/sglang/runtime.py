@@ -33,10 +33,30 @@ class LoopClock:
     last_decode_end_s: float | None = None
     # 1.0 but in the test of ranks whose clocks disagree (`tp_sync.CLOCK_RATES_ENV`).
     rate: float = 1.0
+    # The end of the decode iteration that prefills have interrupted since (None: none did),
+    # and the requests of the last decode iteration: those still running waited for them.
+    interrupted_s: float | None = None
+    last_decode_rids: frozenset = frozenset()
 
     def now(self) -> float:
         """The plugin's clock in seconds: every duration it measures is read here."""
         return self.rate * time.perf_counter()
+
+    def interrupt(self) -> None:
+        """A forward other than a decode iteration (a prefill) runs next."""
+        if self.last_decode_end_s is not None:
+            self.interrupted_s = self.last_decode_end_s
+        self.last_decode_end_s = None
+
+    def stall_ms(self, rids: frozenset, forward_start_s: float) -> float:
+        """For the decode iteration of `rids` starting its forward at `forward_start_s`: the
+        time since the last decode iteration ended that its requests running in both waited
+        on other forwards (0 where no forward came between, or no request ran in both); the
+        iteration's requests are kept for the next call."""
+        since, self.interrupted_s = self.interrupted_s, None
+        waited = since is not None and not rids.isdisjoint(self.last_decode_rids)
+        self.last_decode_rids = rids
+        return 1000.0 * max(forward_start_s - since, 0.0) if waited else 0.0
 
     def cycle_start(self, forward_start_s: float) -> float:
         """Where the iteration starting its forward at `forward_start_s` began."""

@@ -1,0 +1,29 @@
+"""The scheduler's loop clock: what a decode iteration's requests waited on prefills."""
+
+from __future__ import annotations
+
+import pytest
+
+from sgl_adaspec.speculative.sglang.runtime import LoopClock
+
+
+def test_requests_running_across_a_prefill_waited_for_it():
+    clock = LoopClock()
+    assert clock.stall_ms(frozenset({"a", "b"}), 1.0) == 0.0  # the first decode iteration
+    clock.last_decode_end_s = 1.010
+    assert clock.stall_ms(frozenset({"a", "b"}), 1.011) == 0.0  # no prefill between
+    clock.last_decode_end_s = 1.020
+    clock.interrupt()  # two prefills, then a decode iteration with a new request
+    clock.interrupt()
+    assert clock.last_decode_end_s is None
+    assert clock.stall_ms(frozenset({"a", "b", "c"}), 1.050) == pytest.approx(30.0)
+    clock.last_decode_end_s = 1.060
+    assert clock.stall_ms(frozenset({"a", "b", "c"}), 1.061) == 0.0  # counted once
+
+
+def test_requests_that_did_not_run_before_a_prefill_did_not_wait_for_it():
+    clock = LoopClock()
+    clock.stall_ms(frozenset({"a"}), 1.0)
+    clock.last_decode_end_s = 1.010
+    clock.interrupt()  # "a" finished; the prefill brings "b"
+    assert clock.stall_ms(frozenset({"b"}), 1.050) == 0.0
