@@ -114,17 +114,8 @@ class NoSpeculation:
     def draft_prefills(self, new_requests: int) -> bool:
         return True
 
-    def observe(
-        self,
-        decision,
-        accepted,
-        latency_ms,
-        verify_ms,
-        deepest=None,
-        after_prefill=False,
-        stall_ms=0.0,
-    ) -> None:
-        pass
+    def observe(self, decision, accepted, *_rest) -> None:
+        pass  # learns nothing
 
 
 @dataclass
@@ -150,17 +141,8 @@ class StaticTree:
             self.width,
         )
 
-    def observe(
-        self,
-        decision,
-        accepted,
-        latency_ms,
-        verify_ms,
-        deepest=None,
-        after_prefill=False,
-        stall_ms=0.0,
-    ) -> None:
-        pass
+    def observe(self, decision, accepted, *_rest) -> None:
+        pass  # learns nothing
 
 
 # SGLang 0.5.23's default tiers of `--speculative-adaptive`:
@@ -234,16 +216,7 @@ class AdaptiveSteps:
         verified = np.full(num_requests, steps + 1, dtype=np.int64)
         return Decision((num_requests,) * steps, trees, selected, verified, steps, 1)
 
-    def observe(
-        self,
-        decision,
-        accepted,
-        latency_ms,
-        verify_ms,
-        deepest=None,
-        after_prefill=False,
-        stall_ms=0.0,
-    ) -> None:
+    def observe(self, decision, accepted, *_rest) -> None:
         tier = self.tier(len(decision.verified))
         if tier.steps > 0:
             w = self.ema_weight
