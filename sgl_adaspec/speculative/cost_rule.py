@@ -297,6 +297,8 @@ def plan_shape(
     # Requests blind to the draft (prefilled without it) commit their bonus token alone,
     # whatever the shape: a group of their own within their SLO group.
     groups = {(key, bool(b)) for key, b in zip(keys, blind.tolist())}
+    # The wall time a request spends per iteration, prefill stalls included.
+    wall, plain_wall = iteration * wall_per_decode, plain_ms * wall_per_decode
     for key, is_blind in groups:
         members = torch.tensor([k == key for k in keys]) & (blind == is_blind)
         count = int(members.sum())
@@ -312,9 +314,7 @@ def plan_shape(
         group = SloBatch(
             slo.tpot_slo_ms[members], slo.decode_elapsed_ms[members], slo.tokens_out[members]
         )
-        wall = iteration * wall_per_decode
         counted += _counted(expected, wall, group, surplus_weight).sum(0)
-        plain_wall = plain_ms * wall_per_decode
         plain_counted += float(
             _counted(torch.ones_like(plain_ms), plain_wall, group, surplus_weight).sum()
         )

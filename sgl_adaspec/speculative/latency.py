@@ -91,8 +91,9 @@ class LinearLatency:
         return self._coef
 
     def _predict_rows(self, x: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-        """x [M, F] observed features, coef as `coefficients` -> [M] latencies."""
-        return x @ coef[:-1] + coef[-1]
+        """x [..., M, F] observed features, coef [..., F + 1] as `coefficients` (one fit per
+        leading index) -> [..., M] latencies."""
+        return (x @ coef[..., :-1].unsqueeze(-1)).squeeze(-1) + coef[..., -1:]
 
     def _fit(self, data: torch.Tensor) -> torch.Tensor:
         """data [M, F + 1] (features, latency) -> [F + 1] slopes (clamped >= 0), intercept."""
@@ -178,7 +179,7 @@ class VerifyLatency(LinearLatency):
         bent = x.expand(len(knees), *x.shape).clone()  # [K, M, F]
         bent[..., 0] = torch.maximum(tokens, knees.unsqueeze(1))
         coef = self._fit_many(bent, y)  # [K, F + 1]
-        predicted = (bent @ coef[:, :-1].unsqueeze(-1)).squeeze(-1) + coef[:, -1:]  # [K, M]
+        predicted = super()._predict_rows(bent, coef)  # [K, M]: the features already bent
         error = ((predicted - y) ** 2).sum(dim=1)  # [K]
         best = int(error.argmin())  # the first (lowest) of ties
         spread = float(((y - y.mean()) ** 2).sum())

@@ -596,14 +596,13 @@ class AdaservePolicy(PolicyBase):
                 plan = Plan(plan.depth, plan.width, min(budget, plan.budget))
             # A(r) counts accepted tokens: the SLO phase reads calibrated f' as well.
             shaped = shaped.with_path_prob(calibrated)
+        # The cost rule asks A(r) for the wall time until the next iteration, prefill stalls
+        # included; the knee rule keeps the paper's (one iteration).
+        pace = self.wall_per_decode if self.config.budget_rule == "cost" else 1.0
+        required = required_tokens(slo, (self.t_spec_ms or 0.0) * pace)
+        required = torch.where(self.infeasible(slo, plan), 0.0, required)
         if self.config.budget_rule == "cost":
-            # A(r) for the wall time until the next iteration, prefill stalls included.
-            required = required_tokens(slo, (self.t_spec_ms or 0.0) * self.wall_per_decode)
-            required = torch.where(self.infeasible(slo, plan), 0.0, required)
             required = torch.where(beyond_reach(shaped, required), 0.0, required)
-        else:
-            required = required_tokens(slo, self.t_spec_ms or 0.0)
-            required = torch.where(self.infeasible(slo, plan), 0.0, required)
         n_max = self.config.max_nodes_per_request
         if n_max is None and self.config.budget_rule == "cost":
             # As AdaServe's public code: the SLO phase gives one request at most ~1.2 B / n
