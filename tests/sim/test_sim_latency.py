@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from sgl_adaspec.scheduler.cost_model import knee_budget
-from sgl_adaspec.sim.latency import PRESETS, Table, get_preset
+from sgl_adaspec.sim.latency import (
+    PRESETS,
+    Table,
+    context_cost_ms_per_token,
+    get_preset,
+    load_measured,
+    measured_table,
+)
 
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 100, 128, 256, 300, 512, 1024, 4096]
 CONTEXTS = [0, 512, 10_000, 200_000]
@@ -68,3 +75,53 @@ def test_table_interpolates_and_extrapolates():
 def test_unknown_preset_lists_the_choices():
     with pytest.raises(KeyError, match="h100-llama8b"):
         get_preset("tpu")
+
+
+def _point(batch, per_request, context, ms):
+    return dict(
+        batch=batch,
+        tokens_per_request=per_request,
+        context=context,
+        tokens=batch * per_request,
+        median_ms=ms,
+    )
+
+
+def test_context_cost_is_the_slope_among_points_differing_in_context_only():
+    points = [
+        _point(2, 1, 10, 1.0 + 0.01 * 20),
+        _point(2, 1, 20, 1.0 + 0.01 * 40),
+        _point(1, 4, 5, 3.0 + 0.01 * 5),
+        _point(1, 4, 50, 3.0 + 0.01 * 50),
+        _point(4, 1, 100, 99.0),  # alone in its group: says nothing about context
+    ]
+    assert context_cost_ms_per_token(points) == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="differ only in context"):
+        context_cost_ms_per_token([_point(1, 1, 8, 1.0), _point(2, 1, 8, 1.0)])
+
+
+def test_measured_table_subtracts_context_takes_medians_and_never_decreases():
+    points = [
+        _point(1, 1, 100, 1.0 + 1.0),
+        _point(1, 1, 0, 1.2),
+        _point(1, 1, 0, 5.0),  # median 1.2
+        _point(2, 1, 0, 1.1),  # a dip below 1 token's: noise, floored at 1.2
+        _point(1, 4, 50, 2.0 + 0.5),
+    ]
+    table = measured_table(points, context_ms_per_token=0.01)
+    assert table.tokens == (1, 2, 4)
+    assert table.latency_ms == pytest.approx((1.2, 1.2, 2.0))
+    assert table.forward_ms(4, 300) == pytest.approx(2.0 + 3.0)
+
+
+def test_measured_h100_preset_reproduces_the_forwards_it_was_built_from():
+    model, shapes = get_preset("h100-llama8b-measured"), load_measured()["shapes"]
+    for name, cost in (
+        ("llama-3.1-8b", model.verify_ms),
+        ("eagle-llama-3.1-8b", model.draft_step_ms),
+    ):
+        for p in shapes[name]["points"]:
+            if p["tokens_per_request"] > 2048:
+                continue  # a long prompt's quadratic attention is left out on purpose
+            predicted = cost(p["tokens"], p["batch"] * p["context"])
+            assert predicted == pytest.approx(p["median_ms"], rel=0.06), (name, p)

@@ -1,0 +1,70 @@
+"""benchmarks/gpu_forward_cost.py: its attention is grouped-query attention, and the script runs
+its grid end to end on the CPU."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_forward_cost.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("gpu_forward_cost", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_grouped_attention_matches_kv_heads_repeated_per_query_head():
+    bench = load()
+    torch.manual_seed(0)
+    B, q, H, KV, C, d = 2, 3, 8, 2, 5, 4
+    query = torch.randn(B, q, H, d)
+    k, v = torch.randn(B, KV, C, d), torch.randn(B, KV, C, d)
+    reference = F.scaled_dot_product_attention(
+        query.transpose(1, 2), k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
+    )  # [B, H, q, d]
+    got = bench.grouped_query_attention(query, k, v)
+    assert torch.allclose(got, reference.transpose(1, 2).reshape(B, q, H * d), atol=1e-5)
+
+
+def test_parameter_count_of_the_llama_8b_shape_is_the_published_one():
+    assert abs(load().SHAPES["llama-3.1-8b"].num_params / 8.03e9 - 1) < 0.005
+
+
+def test_cpu_smoke_run_times_every_point(tmp_path, capsys):
+    bench = load()
+    out = tmp_path / "cost.json"
+    assert bench.main(["--device", "cpu", "--quick", "--shapes", "tiny", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    points = report["shapes"]["tiny"]["points"]
+    assert [(p["batch"], p["tokens"]) for p in points] == [(1, 1), (2, 8), (1, 16)]
+    assert all(p["median_ms"] > 0 and len(p["samples_ms"]) >= 3 for p in points)
+    assert capsys.readouterr().out.splitlines()[-1].startswith("tiny_decode_bs1_ms=")
+
+
+def test_compare_reads_the_h100_measurement_against_a_preset(capsys):
+    data = SCRIPT.parents[1] / "sgl_adaspec" / "sim" / "data" / "h100_forward_cost.json"
+    args = [
+        "--compare",
+        str(data),
+        "--preset",
+        "h100-llama8b-measured",
+        "--draft-shape",
+        "eagle-llama-3.1-8b",
+    ]
+    assert load().main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    shapes = json.loads(data.read_text())["shapes"]
+    num_points = len(shapes["llama-3.1-8b"]["points"]) + len(shapes["eagle-llama-3.1-8b"]["points"])
+    assert len(lines) == num_points + 2
+    # The measured preset leaves one 8192-token prompt's quadratic attention out, and only it.
+    ratios = sorted(float(line.rsplit(" ", 1)[1]) for line in lines[:-2])
+    assert ratios[0] == pytest.approx(0.83, abs=0.01) and ratios[1] > 0.94
+    assert lines[-1].startswith("h100-llama8b-measured_over_measured_min=0.8")
