@@ -191,6 +191,23 @@ def test_verify_latency_finds_the_knee_of_a_flat_then_linear_cost():
     assert predicted == pytest.approx([model.predict((52, 15000)), model.predict((416, 15000))])
 
 
+def test_verify_latency_fits_a_forward_measured_on_an_h100():
+    # benchmarks/gpu_forward_cost.py on a lent H100 (sim/data/h100_forward_cost.json): an
+    # 8B-shaped forward at 1-2048 tokens and 8K-262K cached tokens. Its knee is soft (+20 %
+    # from 1 to 128 tokens): the log term takes that rise, the knee the compute-bound line.
+    from sgl_adaspec.sim.latency import load_measured
+
+    points = load_measured()["shapes"]["llama-3.1-8b"]["points"]
+    points = [p for p in points if p["tokens_per_request"] <= 2048]
+    model = VerifyLatency()
+    for p in points:
+        model.observe((p["tokens"], p["batch"] * p["context"]), p["median_ms"])
+    for p in points:
+        predicted = model.predict((p["tokens"], p["batch"] * p["context"]))
+        assert predicted == pytest.approx(p["median_ms"], rel=0.08), p
+    assert 128 <= model.knee <= 512
+
+
 def test_verify_latency_of_one_token_count_only():
     model = VerifyLatency(with_context=False)
     for ms in (80.0, 82.0, 78.0):
