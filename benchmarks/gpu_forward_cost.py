@@ -6,10 +6,11 @@ latency presets model: tokens per forward, requests per batch, cached context pe
 
 The decoder is plain PyTorch with random bf16 weights (latency does not depend on the values):
 per layer RMSNorm, one fused QKV GEMM, grouped-query attention over a preallocated KV cache
-(SDPA), the output GEMM, a SwiGLU MLP; then the LM head over every token and an argmax. On CUDA
-each point is one captured CUDA graph, replayed and timed with CUDA events, as SGLang replays
-its decode and verify graphs. It is not SGLang's kernels (no fused norms, no paged attention), so
-its figures are a lower bound on a serving forward's GPU time, without the scheduler and sampling.
+(SDPA), the output GEMM, a SwiGLU MLP; then the LM head over every token and an argmax (no
+rotary embedding: elementwise work, a small share of a forward). On CUDA each point is one
+captured CUDA graph, replayed and timed with CUDA events, as SGLang replays its decode and
+verify graphs. It is not SGLang's kernels (no fused norms, no paged attention), scheduler or
+sampling: a stand-in for a serving forward's GPU time, not a figure of SGLang.
 `sgl_adaspec.sim.latency` says which preset figures these measurements back.
 
 `--device cpu --quick` runs a tiny shape on the CPU (a smoke test of the script).
@@ -100,6 +101,8 @@ def grouped_query_attention(
 
 
 class RandomDecoder:
+    """A Llama-shaped decoder with random weights and a KV cache for `max_kv_tokens` tokens."""
+
     def __init__(self, shape: DecoderShape, device: str, dtype: torch.dtype, max_kv_tokens: int):
         self.shape, s = shape, shape
 
