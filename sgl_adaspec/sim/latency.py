@@ -254,7 +254,8 @@ def _cpu_smollm2() -> LatencyModel:
 
 # --- measured on a GPU (benchmarks/gpu_forward_cost.py; docs/simulator.md) ----------------------
 
-MEASURED_H100_FILE = "h100_forward_cost.json"
+# What `benchmarks/gpu_forward_cost.py` measured on each lent GPU (sim/data/).
+MEASURED_FILES = {"h100": "h100_forward_cost.json", "h200": "h200_forward_cost.json"}
 # A one-layer EAGLE head of Llama-3.1-8B caches one layer's K and V: 1/32 of the target's bytes.
 EAGLE_8B_KV_BYTES_PER_TOKEN = 1 * 8 * 128 * 2 * 2
 
@@ -295,12 +296,13 @@ def measured_table(points: list[dict], context_ms_per_token: float) -> Table:
     return Table(tuple(tokens), tuple(latency), context_ms_per_token)
 
 
-def load_measured(filename: str = MEASURED_H100_FILE) -> dict:
-    return json.loads(resources.files("sgl_adaspec.sim").joinpath("data", filename).read_text())
+def load_measured(gpu: str = "h100") -> dict:
+    text = resources.files("sgl_adaspec.sim").joinpath("data", MEASURED_FILES[gpu]).read_text()
+    return json.loads(text)
 
 
-def _h100_llama8b_measured() -> LatencyModel:
-    measured = load_measured()
+def _measured_llama8b(gpu: str) -> LatencyModel:
+    measured = load_measured(gpu)
     shapes = measured["shapes"]
     # The simulator's prefills sum many prompts, priced by the GEMMs; one 8192-token prompt
     # also pays its quadratic attention (+26 %), so that point stays out of the table.
@@ -309,13 +311,14 @@ def _h100_llama8b_measured() -> LatencyModel:
     draft_per_token = per_token * EAGLE_8B_KV_BYTES_PER_TOKEN / LLAMA_8B.kv_bytes_per_token
     kv_tb_per_s = LLAMA_8B.kv_bytes_per_token / (per_token * 1e-3) / 1e12
     return LatencyModel(
-        name="h100-llama8b-measured",
-        description="Llama-3.1-8B target + its one-layer EAGLE head, one H100 (measured forwards)",
+        name=f"{gpu}-llama8b-measured",
+        description=f"Llama-3.1-8B target + its one-layer EAGLE head, one {gpu.upper()} "
+        "(measured forwards)",
         target=measured_table(target_points, per_token),
         draft=measured_table(shapes["eagle-llama-3.1-8b"]["points"], draft_per_token),
         provenance={
             "target forward": "measured: benchmarks/gpu_forward_cost.py, one "
-            f"{measured['device']} (sim/data/{MEASURED_H100_FILE}): a Llama-3.1-8B-shaped "
+            f"{measured['device']} (sim/data/{MEASURED_FILES[gpu]}): a Llama-3.1-8B-shaped "
             "decoder in plain PyTorch, random bf16 weights, CUDA graphs; per token count the "
             "median forward less its context cost",
             "context cost": f"measured: {per_token * 1e6:.1f} ns per cached token of the batch "
@@ -323,8 +326,8 @@ def _h100_llama8b_measured() -> LatencyModel:
             "draft step": "measured: the same script, a one-layer EAGLE head of the 8B shape "
             "(LM head included, its input projection left out)",
             "draft context cost": "derived: the target's cost per KV byte, 1/32 of its bytes",
-            "scheduler and sampling time": "assumed 0: the plain forward at batch 1 (6.50 ms) "
-            "already exceeds SGLang's served TPOT on this model and GPU (6.33 ms, its docs' "
+            "scheduler and sampling time": "assumed 0: on the H100 the plain forward at batch 1 "
+            "(6.50 ms) already exceeds SGLang's served TPOT on this model (6.33 ms, its docs' "
             "158 tok/s)",
         },
     )
@@ -332,7 +335,8 @@ def _h100_llama8b_measured() -> LatencyModel:
 
 PRESETS = {
     "h100-llama8b": _h100_llama8b,
-    "h100-llama8b-measured": _h100_llama8b_measured,
+    "h100-llama8b-measured": lambda: _measured_llama8b("h100"),
+    "h200-llama8b-measured": lambda: _measured_llama8b("h200"),
     "a100x4-llama70b": _a100x4_llama70b,
     "cpu-tiny": _cpu_tiny,
     "cpu-smollm2": _cpu_smollm2,

@@ -114,8 +114,9 @@ def test_measured_table_subtracts_context_takes_medians_and_never_decreases():
     assert table.forward_ms(4, 300) == pytest.approx(2.0 + 3.0)
 
 
-def test_measured_h100_preset_reproduces_the_forwards_it_was_built_from():
-    model, shapes = get_preset("h100-llama8b-measured"), load_measured()["shapes"]
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_measured_presets_reproduce_the_forwards_they_were_built_from(gpu):
+    model, shapes = get_preset(f"{gpu}-llama8b-measured"), load_measured(gpu)["shapes"]
     for name, cost in (
         ("llama-3.1-8b", model.verify_ms),
         ("eagle-llama-3.1-8b", model.draft_step_ms),
@@ -124,4 +125,6 @@ def test_measured_h100_preset_reproduces_the_forwards_it_was_built_from():
             if p["tokens_per_request"] > 2048:
                 continue  # a long prompt's quadratic attention is left out on purpose
             predicted = cost(p["tokens"], p["batch"] * p["context"])
-            assert predicted == pytest.approx(p["median_ms"], rel=0.06), (name, p)
+            # 10 %: a non-decreasing table floors a measured dip (the H200's EAGLE head read
+            # 0.455 ms at 32 tokens after 0.492 at 16); the H100's points are all within 6 %.
+            assert predicted == pytest.approx(p["median_ms"], rel=0.10), (name, p)
