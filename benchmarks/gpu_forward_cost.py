@@ -51,6 +51,8 @@ class DecoderShape:
 
     @property
     def num_params(self) -> int:
+        """The weights the script allocates: embedding and LM head apart, also for a model that
+        ties them (Llama-3.2-1B's published 1.24B counts them once)."""
         attn = self.hidden * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         attn += self.num_heads * self.head_dim * self.hidden
         mlp = 3 * self.hidden * self.intermediate

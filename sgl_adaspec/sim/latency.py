@@ -258,6 +258,9 @@ def _cpu_smollm2() -> LatencyModel:
 MEASURED_FILES = {"h100": "h100_forward_cost.json", "h200": "h200_forward_cost.json"}
 # A one-layer EAGLE head of Llama-3.1-8B caches one layer's K and V: 1/32 of the target's bytes.
 EAGLE_8B_KV_BYTES_PER_TOKEN = 1 * 8 * 128 * 2 * 2
+# The longest prompt a measured table keeps: the simulator's prefills sum many prompts, priced
+# by the GEMMs; one 8192-token prompt also pays its quadratic attention (+26 %).
+MAX_TABLE_TOKENS_PER_REQUEST = 2048
 
 
 def context_cost_ms_per_token(points: list[dict]) -> float:
@@ -296,6 +299,11 @@ def measured_table(points: list[dict], context_ms_per_token: float) -> Table:
     return Table(tuple(tokens), tuple(latency), context_ms_per_token)
 
 
+def table_points(points: list[dict]) -> list[dict]:
+    """The measured points a table is built from (`MAX_TABLE_TOKENS_PER_REQUEST`)."""
+    return [p for p in points if p["tokens_per_request"] <= MAX_TABLE_TOKENS_PER_REQUEST]
+
+
 def load_measured(gpu: str = "h100") -> dict:
     text = resources.files("sgl_adaspec.sim").joinpath("data", MEASURED_FILES[gpu]).read_text()
     return json.loads(text)
@@ -304,9 +312,7 @@ def load_measured(gpu: str = "h100") -> dict:
 def _measured_llama8b(gpu: str) -> LatencyModel:
     measured = load_measured(gpu)
     shapes = measured["shapes"]
-    # The simulator's prefills sum many prompts, priced by the GEMMs; one 8192-token prompt
-    # also pays its quadratic attention (+26 %), so that point stays out of the table.
-    target_points = [p for p in shapes["llama-3.1-8b"]["points"] if p["tokens_per_request"] <= 2048]
+    target_points = table_points(shapes["llama-3.1-8b"]["points"])
     per_token = context_cost_ms_per_token(target_points)
     draft_per_token = per_token * EAGLE_8B_KV_BYTES_PER_TOKEN / LLAMA_8B.kv_bytes_per_token
     kv_tb_per_s = LLAMA_8B.kv_bytes_per_token / (per_token * 1e-3) / 1e12

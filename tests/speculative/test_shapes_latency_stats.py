@@ -195,10 +195,9 @@ def test_verify_latency_fits_a_forward_measured_on_an_h100():
     # benchmarks/gpu_forward_cost.py on a lent H100 (sim/data/h100_forward_cost.json): an
     # 8B-shaped forward at 1-2048 tokens and 8K-262K cached tokens. Its knee is soft (+20 %
     # from 1 to 128 tokens): the log term takes that rise, the knee the compute-bound line.
-    from sgl_adaspec.sim.latency import load_measured
+    from sgl_adaspec.sim.latency import load_measured, table_points
 
-    points = load_measured()["shapes"]["llama-3.1-8b"]["points"]
-    points = [p for p in points if p["tokens_per_request"] <= 2048]
+    points = table_points(load_measured()["shapes"]["llama-3.1-8b"]["points"])
     model = VerifyLatency()
     for p in points:
         model.observe((p["tokens"], p["batch"] * p["context"]), p["median_ms"])
