@@ -2,7 +2,7 @@
 speculation, and speculation where it pays? One run, same prompts, one server at a time.
 
     python benchmarks/cost_aware.py [--loads 1,4,8] [--tokens N] [--repeats R] [--warmup W]
-                                    [--pairs P,...]
+                                    [--min-batches K] [--pairs P,...]
 
 Configurations: no speculation, static EAGLE (`--spec-policy static`), tetris and adaserve (its
 default cost rule), each with EAGLE steps 4, topk 2, 8 draft tokens. Pairs: SmolLM2-135M-Instruct
@@ -17,7 +17,9 @@ carries its TPOT SLO in ms, resolved from the classes of `configs/slo_classes.ya
 baseline = no speculation's median TPOT at that load, measured first in the same run (absolute
 classes below the baseline are out of reach and left out of the attainment). Per configuration
 and load: median TPOT over all requests of `--repeats` rounds, each with at least as many
-requests per load as the largest load has (one request alone gives one TPOT per batch), and SLO
+requests per load as the largest load has (one request alone gives one TPOT per batch) and at
+least `--min-batches` batches per load (a batch's requests share one draw of the host's speed,
+so a load run as one batch per round rests on one sample per round), and SLO
 attainment; adaserve / none is also printed as the median over rounds of each round's ratio (a
 round's batches run minutes apart at most). The four servers run side by side and the batches
 interleave (see `interleaved`: no speculation's and adaserve's alternate batch by batch), so the
@@ -78,7 +80,7 @@ def run_batch(url: str, texts: list[str], tokens: int, slos: dict[str, float] | 
         return list(pool.map(one, jobs))
 
 
-def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmup=1):
+def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmup=1, min_batches=1):
     """Per configuration and load: every request's (class, TPOT ms). All servers are up at once
     (each sleeps when idle), and each round runs every configuration's batches back to back, so
     a drift of the host's speed (they reach 20 % on this machine within minutes) falls on all of
@@ -96,8 +98,9 @@ def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmu
     for round_ in range(warmup + repeats):
         for n in loads:
             # Every load gets as many requests per round as the largest: one request alone
-            # gives one TPOT per batch, too few for a median on a host this noisy.
-            batches = -(-max(loads) // n)
+            # gives one TPOT per batch, too few for a median on a host this noisy. And at
+            # least `min_batches` batches: one batch's requests share one draw of its speed.
+            batches = max(min_batches, -(-max(loads) // n))
             if round_ == warmup:  # counted rounds: no speculation's own baseline from here on
                 cold["none"][n], out["none"][n] = out["none"][n], []
             # No speculation's and adaserve's batches alternate, one each in turn, so the
@@ -147,7 +150,9 @@ def attainment(results, slos: dict[str, float], baseline_ms: float) -> float | N
     return sum(t <= slos[c] for c, t in judged) / len(judged) if judged else None
 
 
-def run_pair(name: str, loads, tokens, repeats, warmup, logs: Path) -> dict[str, dict[int, float]]:
+def run_pair(
+    name: str, loads, tokens, repeats, warmup, min_batches, logs: Path
+) -> dict[str, dict[int, float]]:
     """Median TPOT per configuration and load; prints the pair's table."""
     target, draft = pair(name)
     texts = builtin_prompts(max(loads))
@@ -161,12 +166,16 @@ def run_pair(name: str, loads, tokens, repeats, warmup, logs: Path) -> dict[str,
     with contextlib.ExitStack() as stack:
         for server in servers.values():
             stack.enter_context(server)
-        results, cold, rounds = interleaved(servers, loads, texts, tokens, repeats, warmup)
+        results, cold, rounds = interleaved(
+            servers, loads, texts, tokens, repeats, warmup, min_batches
+        )
         print(f"{name} adaserve: {choices(servers['adaserve'])}")
     if warmup:
+        cold_tpot = {
+            c: {n: statistics.median(t for _, t in cold[c][n]) for n in loads} for c in cold
+        }
         ratios = ", ".join(
-            f"n={n}: {statistics.median(t for _, t in cold['adaserve'][n]) / statistics.median(t for _, t in cold['none'][n]):.3f}"
-            for n in loads
+            f"n={n}: {cold_tpot['adaserve'][n] / cold_tpot['none'][n]:.3f}" for n in loads
         )
         print(f"{name}: warm-up rounds (a fresh server, not counted), adaserve / none: {ratios}")
     baseline = {n: statistics.median(t for _, t in rs) for n, rs in results["none"].items()}
@@ -201,12 +210,21 @@ def main() -> int:
     parser.add_argument(
         "--warmup", type=int, default=1, help="rounds run first and not counted (default 1)"
     )
+    parser.add_argument(
+        "--min-batches",
+        type=int,
+        default=3,
+        help="batches per load and round at least, each configuration (default 3)",
+    )
     parser.add_argument("--pairs", default="bigram,bigram-deep,smollm2")
     args = parser.parse_args()
     loads = [int(n) for n in args.loads.split(",")]
     logs = Path(tempfile.mkdtemp(prefix="cost_aware_"))
     pairs = args.pairs.split(",")
-    medians = {p: run_pair(p, loads, args.tokens, args.repeats, args.warmup, logs) for p in pairs}
+    medians = {
+        p: run_pair(p, loads, args.tokens, args.repeats, args.warmup, args.min_batches, logs)
+        for p in pairs
+    }
     print(f"\nserver logs: {logs}")
     for p, m in medians.items():
         ratios = {n: m["adaserve"][n] / m["none"][n] for n in loads}
