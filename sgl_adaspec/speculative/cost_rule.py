@@ -5,12 +5,14 @@ curve's length. Terms as in `speculative/candidates.py`; f' is the calibrated pa
 (`accept_calibration`), so the expected accepted draft tokens of a set of nodes is their sum of
 f' (AdaServe Theorem 3.1 with calibrated probabilities).
 
-Before the draft (`plan_shape`): for every draft shape (d, w) and node count k, an iteration
-of T = draft ms(d, rows) + verify ms(n (1 + k), context) commits each request its SLO group's
-1 + gain(d, w, k) tokens (`ShapeGain`, learned from the drafts that ran); the objective counts
-those tokens in full up to each request's need and at a small weight beyond, per ms. A plain
-decode is scored the same way, so on hardware where verifying or drafting costs more than it
-returns the plan is depth 0, and where verification is nearly free the full tree wins.
+Before the draft (`plan_shape`): for every draft shape (d, w) and node counts k_g per request
+of each SLO group g (n_g requests), an iteration of T = draft ms(d, rows) + verify ms(n + sum
+n_g k_g, context) commits each request of group g 1 + gain_g(d, w, k_g) tokens (`ShapeGain`,
+learned from the drafts that ran; a group the draft reads well is worth more nodes than one it
+reads badly); the objective counts those tokens in full up to each request's need and at a
+small weight beyond, per ms. A plain decode is scored the same way, so on hardware where
+verifying or drafting costs more than it returns the plan is depth 0, and where verification
+is nearly free the full tree wins.
 After the draft (`cost_budget`), with the draft paid: the prefix of the batch-wide ranking by
 f' that maximizes expected committed tokens per ms.
 """
@@ -32,6 +34,12 @@ from sgl_adaspec.speculative.shapes import restrict_to_shape
 # verify_ms(tokens, context) / draft_ms(steps, rows) -> float64 latency (broadcast); None
 # if unknown.
 LatencyFn = Callable[..., torch.Tensor | None]
+
+
+# Per-group node counts in `plan_shape`: rounds of coordinate ascent from the common count,
+# over the shapes that score best with the common count.
+GROUP_PASSES = 1
+GROUP_SHAPES = 4
 
 
 def draft_widths(max_width: int) -> tuple[int, ...]:
@@ -253,9 +261,9 @@ def plan_shape(
     margin: float = 0.0,
     wall_per_decode: float = 1.0,
 ) -> PlanChoice | None:
-    """Before the draft: the shape (d, w) and node count k per request that maximize the
-    SLO-aware objective over every shape `gain` has seen; depth 0 when a plain decode scores
-    at least as high. None when a model has no observation yet.
+    """Before the draft: the shape (d, w) and the node count k_g per request of each SLO group
+    g that maximize the SLO-aware objective over every shape `gain` has seen; depth 0 when a
+    plain decode scores at least as high. None when a model has no observation yet.
 
     slo: the running requests' SLO state; plain_ms: a plain iteration's predicted wall time
     (measured apart: `PolicyBase.plain_latency`); margin: how much more tokens per ms than a
@@ -263,7 +271,8 @@ def plan_shape(
     ms, not of the objective, which moves a tenth as much for requests ahead of their SLO);
     wall_per_decode: the wall time a request spends per ms of decode iterations, stalls for
     prefills included (`PolicyBase.wall_per_decode`).
-    A request commits e(s, k) = 1 + its SLO group's gain tokens in an iteration of T(s, k) ms.
+    A request of group g commits e(s, k_g) = 1 + its group's gain tokens in an iteration of
+    T(s, n + sum of n_g k_g verified tokens) ms.
     What it needs in that iteration is its A(r) for the wall time W = T x wall_per_decode the
     iteration and the stalls that follow it take (what puts it back on its SLO track), and at
     least its SLO's pace W / SLO. Its tokens count in full up to that
@@ -275,63 +284,95 @@ def plan_shape(
     the draft, `SloBatch.draft_blind`, gains nothing from any shape, so while one runs the plan
     is a plain decode). The draft's cost
     is priced by its rows, so a wide beam must return more than its n * w rows per step cost
-    (past the peak load a chain beats a wider tree)."""
+    (past the peak load a chain beats a wider tree). The k_g start equal (the best common k
+    per shape) and then each group's is chosen in turn, the others held (`GROUP_PASSES`
+    rounds); a turn keeps the count it had where nothing scores higher, so the result scores
+    at least as high as the best common k."""
     n = slo.num_requests
     if gain.table is None or n == 0:
         return None
     shapes = gain.shapes
-    size = gain.max_nodes + 1
+    # No beam holds more than d x w nodes per request: counts past that verify nothing more.
+    size = min(gain.max_nodes, gain.max_depth * gain.max_width) + 1
     k, depth, width = _shape_grid(gain)
-    verify = verify_ms(n * (1 + k), context_tokens)  # [K]
+    k = k[:size]
     draft = draft_ms(depth, draft_rows(depth, width, n))  # [S, 1]
-    if verify is None or draft is None:
+    if draft is None or verify_ms(torch.tensor([float(n)]), context_tokens) is None:
         return None
-    iteration = (verify.unsqueeze(0) + draft).clamp(min=1e-9)  # [S, K]
     plain_ms = torch.full((1, 1), max(plain_ms, 1e-9))
     keys = slo_group_keys(slo.tpot_slo_ms)
-    counted = torch.zeros_like(iteration)  # tokens per iteration as the objective counts them
-    committed = torch.zeros_like(iteration)  # expected tokens per iteration
-    slowest = torch.full_like(iteration, math.inf)  # the slowest SLO group's tokens per iteration
-    plain_counted = 0.0
     blind = slo.draft_blind if slo.draft_blind is not None else torch.zeros(n, dtype=torch.bool)
     # Requests blind to the draft (prefilled without it) commit their bonus token alone,
     # whatever the shape: a group of their own within their SLO group.
-    groups = {(key, bool(b)) for key, b in zip(keys, blind.tolist())}
-    # The wall time a request spends per iteration, prefill stalls included.
-    wall, plain_wall = iteration * wall_per_decode, plain_ms * wall_per_decode
-    for key, is_blind in groups:
+    groups = []  # (requests, expected tokens [S, K], SloBatch or None: best effort)
+    plain_counted = 0.0
+    plain_wall = plain_ms * wall_per_decode
+    for key, is_blind in sorted({(key, bool(b)) for key, b in zip(keys, blind.tolist())}, key=str):
         members = torch.tensor([k == key for k in keys]) & (blind == is_blind)
         count = int(members.sum())
-        expected = 1.0 + gain.group_table(key)  # [S, K]
+        expected = 1.0 + gain.group_table(key)[:, :size]  # [S, K]
         if is_blind:
             expected = torch.ones_like(expected)
-        committed += count * expected
-        slowest = torch.minimum(slowest, expected)
-        if key is None:
-            counted += count * expected
+        group = None
+        if key is not None:
+            group = SloBatch(
+                slo.tpot_slo_ms[members], slo.decode_elapsed_ms[members], slo.tokens_out[members]
+            )
+            plain_counted += float(
+                _counted(torch.ones_like(plain_ms), plain_wall, group, surplus_weight).sum()
+            )
+        else:
             plain_counted += count
-            continue
-        group = SloBatch(
-            slo.tpot_slo_ms[members], slo.decode_elapsed_ms[members], slo.tokens_out[members]
-        )
-        counted += _counted(expected, wall, group, surplus_weight).sum(0)
-        plain_counted += float(
-            _counted(torch.ones_like(plain_ms), plain_wall, group, surplus_weight).sum()
-        )
-    objective = counted / iteration
-    objective[:, 0] = -1.0  # k = 0 with a draft is never better than a plain decode
-    objective[~gain.reached] = -1.0
-    # No request is served slower than a plain decode would serve it: every SLO group must
-    # expect more tokens per ms than a plain decode gives (by `margin` to switch), or the
-    # shape is not a choice, however much the others gain.
-    objective[slowest / iteration < (1.0 + margin) / plain_ms] = -1.0
-    best = int(torch.argmax(objective))
-    s, nodes = divmod(best, size)
-    d, w = shapes[s]
-    plain = float(plain_ms)
+        groups.append((count, expected, group))
+
+    def score(alloc: list[torch.Tensor], rows: torch.Tensor):
+        """alloc: per group, [S', K'] node counts per request for the shapes `rows` [S'] ->
+        objective, committed tokens and iteration ms, each [S', K']."""
+        tokens = n + sum(count * a for (count, _, _), a in zip(groups, alloc))
+        iteration = (verify_ms(tokens.double(), context_tokens) + draft[rows]).clamp(min=1e-9)
+        wall = iteration * wall_per_decode
+        counted = torch.zeros_like(iteration)
+        committed = torch.zeros_like(iteration)
+        slowest = torch.full_like(iteration, math.inf)
+        for (count, expected, group), a in zip(groups, alloc):
+            e = torch.gather(expected[rows], 1, a)  # [S', K']
+            committed += count * e
+            slowest = torch.minimum(slowest, e)
+            counted += (
+                count * e if group is None else _counted(e, wall, group, surplus_weight).sum(0)
+            )
+        objective = counted / iteration
+        # A draft with no node verified is never better than a plain decode.
+        objective[(tokens == n) | ~gain.reached[rows].unsqueeze(1)] = -1.0
+        # No request is served slower than a plain decode would serve it: every SLO group
+        # must expect more tokens per ms than a plain decode gives (by `margin` to switch),
+        # or the allocation is not a choice, however much the others gain.
+        objective[slowest / iteration < (1.0 + margin) / plain_ms] = -1.0
+        return objective, committed, iteration
+
+    every = torch.arange(len(shapes))
+    objective, _, _ = score([k.long().expand(len(shapes), size)] * len(groups), every)
+    # Per shape, the best node count per request, the same for every group; then, for the
+    # best few shapes, each group's own count in turn, the others held: a group the draft
+    # reads well is worth a deeper verify than one it reads badly, as the batch-wide ranking
+    # after the draft (`cost_budget`) will spend it.
+    alloc = [objective.argmax(dim=1, keepdim=True)] * len(groups)  # each [S, 1]
+    rows = objective.amax(dim=1).topk(min(GROUP_SHAPES, len(shapes))).indices  # [S']
+    alloc = [a[rows] for a in alloc]
+    grid = k.long().expand(len(rows), size)
+    for _ in range(GROUP_PASSES if len(groups) > 1 else 0):
+        for g in range(len(groups)):
+            trial = [grid if h == g else a.expand(-1, size) for h, a in enumerate(alloc)]
+            alloc[g] = score(trial, rows)[0].argmax(dim=1, keepdim=True)
+    objective, committed, iteration = score(alloc, rows)  # [S', 1]
+    best = int(torch.argmax(objective[:, 0]))
+    d, w = shapes[int(rows[best])]
+    s = best
+    nodes = sum(count * int(a[s, 0]) for (count, _, _), a in zip(groups, alloc))
+    tokens, ms, plain = float(committed[s, 0]), float(iteration[s, 0]), float(plain_ms)
     choice = PlanChoice(
-        d, w, nodes, float(committed[s, nodes]) / n, float(committed[s, nodes] / iteration[s, nodes]),
-        n / plain, float(iteration[s, nodes]), plain, float(objective[s, nodes]), plain_counted / plain,
+        d, w, round(nodes / n), tokens / n, tokens / ms, n / plain, ms, plain,
+        float(objective[s, 0]), plain_counted / plain,
     )  # fmt: skip
     if choice.objective <= choice.plain_objective:
         return dataclasses.replace(choice, depth=0, nodes_per_request=0)

@@ -60,7 +60,8 @@ def beam(f_by_request: list[list[list[float]]]) -> Candidates:
         tokens.append(list(range(len(probs[-1]))))
     return Candidates(
         tokens=torch.tensor(tokens), parents=torch.tensor(parents),
-        path_prob=torch.tensor(probs, dtype=torch.float64), valid=torch.ones(len(tokens), len(tokens[0]), dtype=torch.bool),
+        path_prob=torch.tensor(probs, dtype=torch.float64),
+        valid=torch.ones(len(tokens), len(tokens[0]), dtype=torch.bool),
     )  # fmt: skip
 
 
@@ -217,7 +218,8 @@ def test_a_wide_beam_must_pay_for_its_draft_rows():
 
 def test_speed_goes_to_the_requests_that_need_it():
     """r0 (SLO 20 ms) has a draft that is almost always right, r1 (SLO 12 ms) one that never
-    is (f ~ 0: a draft's f is never exactly 0; rows of zeros are requests blind to it). Verify: 10 ms + 2 ms per extra token, draft free. Plain decode: 12 ms, both meet their
+    is (f ~ 0: a draft's f is never exactly 0; rows of zeros are requests blind to it).
+    Verify: 10 ms + 2 ms per extra token, draft free. Plain decode: 12 ms, both meet their
     SLO. A 1-node chain each: 16 ms, more tokens in all (2.95 / 16 > 2 / 12), but r1 falls to
     16 ms per token. Counted: plain (1 + 0.6 + 0.1 x 0.4) / 12 = .137; k = 1:
     (1 + 0.8 + 0.1 x 1.15) / 16 = .120: the plan stays plain."""
@@ -252,6 +254,23 @@ def test_stalls_between_iterations_raise_the_need_and_deepen_the_plan():
     stalled = plan(gain, 2, linear_ms(10.0, 1.0), three_per_step, batch=batch, wall_per_decode=2)
     assert (stalled.depth, stalled.nodes_per_request) == (3, 3)
     assert stalled.objective == pytest.approx((3.85 + 0.708) / 26)
+
+
+def test_each_slo_group_gets_the_nodes_its_draft_is_worth():
+    """r0 (SLO 1 ms) has a draft that is almost always right (f = 0.95 per level), r1 (SLO
+    1.5 ms) one that tires (0.5, 0.1, 0.05, 0.01). Both SLOs are out of reach, so every token
+    counts in full: the objective is tokens per ms. Verify: 10 ms + 1 ms per extra token, draft
+    free; a plain decode 11 ms. The same k for both: k = 4 would slow r1 (1.66 tokens in 19
+    ms, below a plain decode's 1 in 11), so k = 3: (2 + 2.85 + 0.65) / 17 = .3235. Four nodes
+    for r0 and one for r1: (2 + 3.8 + 0.5) / 16 = .39375 (none for r1 would slow it too)."""
+    gain = ShapeGain(max_nodes=4)
+    gain.observe(beam([[[0.95]] * 4, [[0.5], [0.1], [0.05], [0.01]]]), 4, 1, groups=[1.0, 1.5])
+    gain.refresh(lambda f: f)
+    choice = plan(gain, 2, linear_ms(10.0, 1.0), batch=slo([1.0, 1.5]))
+    assert choice.depth == 4
+    assert choice.objective == pytest.approx(6.3 / 16)
+    assert choice.expected_accepted == pytest.approx(6.3 / 2)
+    assert choice.iteration_ms == pytest.approx(16.0)
 
 
 def test_no_slo_group_is_slowed_down_to_speed_up_another():
