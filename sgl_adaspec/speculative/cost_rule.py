@@ -286,8 +286,9 @@ def plan_shape(
     is priced by its rows, so a wide beam must return more than its n * w rows per step cost
     (past the peak load a chain beats a wider tree). The k_g start equal (the best common k
     per shape) and then each group's is chosen in turn, the others held (`GROUP_PASSES`
-    rounds); a turn keeps the count it had where nothing scores higher, so the result scores
-    at least as high as the best common k."""
+    rounds); a turn takes its group's best count given the others', which scores at least as
+    high as the count it had, so the result scores at least as high as the best common k.
+    Groups take their turns in a fixed order (sorted keys), so a plan is reproducible."""
     n = slo.num_requests
     if gain.table is None or n == 0:
         return None
@@ -365,9 +366,8 @@ def plan_shape(
             trial = [grid if h == g else a.expand(-1, size) for h, a in enumerate(alloc)]
             alloc[g] = score(trial, rows)[0].argmax(dim=1, keepdim=True)
     objective, committed, iteration = score(alloc, rows)  # [S', 1]
-    best = int(torch.argmax(objective[:, 0]))
-    d, w = shapes[int(rows[best])]
-    s = best
+    s = int(torch.argmax(objective[:, 0]))  # a row of `rows`
+    d, w = shapes[int(rows[s])]
     nodes = sum(count * int(a[s, 0]) for (count, _, _), a in zip(groups, alloc))
     tokens, ms, plain = float(committed[s, 0]), float(iteration[s, 0]), float(plain_ms)
     choice = PlanChoice(
