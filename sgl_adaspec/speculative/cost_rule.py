@@ -352,20 +352,25 @@ def plan_shape(
         return objective, committed, iteration
 
     every = torch.arange(len(shapes))
-    objective, _, _ = score([k.long().expand(len(shapes), size)] * len(groups), every)
+    outcome = score([k.long().expand(len(shapes), size)] * len(groups), every)
+    objective = outcome[0]
     # Per shape, the best node count per request, the same for every group; then, for the
     # best few shapes, each group's own count in turn, the others held: a group the draft
     # reads well is worth a deeper verify than one it reads badly, as the batch-wide ranking
     # after the draft (`cost_budget`) will spend it.
-    alloc = [objective.argmax(dim=1, keepdim=True)] * len(groups)  # each [S, 1]
     rows = objective.amax(dim=1).topk(min(GROUP_SHAPES, len(shapes))).indices  # [S']
-    alloc = [a[rows] for a in alloc]
+    scored = [t[rows] for t in outcome]  # the last scoring, [S', K] each
+    pick = objective[rows].argmax(dim=1, keepdim=True)  # [S', 1]: its chosen column
+    alloc = [pick] * len(groups)
     grid = k.long().expand(len(rows), size)
     for _ in range(GROUP_PASSES if len(groups) > 1 else 0):
         for g in range(len(groups)):
             trial = [grid if h == g else a.expand(-1, size) for h, a in enumerate(alloc)]
-            alloc[g] = score(trial, rows)[0].argmax(dim=1, keepdim=True)
-    objective, committed, iteration = score(alloc, rows)  # [S', 1]
+            scored = score(trial, rows)
+            alloc[g] = pick = scored[0].argmax(dim=1, keepdim=True)
+    # The last scoring differs from the final allocation only in its free column: read it
+    # there rather than score again.
+    objective, committed, iteration = (t.gather(1, pick) for t in scored)  # [S', 1]
     s = int(torch.argmax(objective[:, 0]))  # a row of `rows`
     d, w = shapes[int(rows[s])]
     nodes = sum(count * int(a[s, 0]) for (count, _, _), a in zip(groups, alloc))
