@@ -2,7 +2,7 @@
 speculation, and speculation where it pays? One run, same prompts, one server at a time.
 
     python benchmarks/cost_aware.py [--loads 1,4,8] [--tokens N] [--repeats R] [--warmup W]
-                                    [--min-batches K] [--pairs P,...]
+                                    [--min-batches K] [--server-sets S] [--pairs P,...]
 
 Configurations: no speculation, static EAGLE (`--spec-policy static`), tetris and adaserve (its
 default cost rule), each with EAGLE steps 4, topk 2, 8 draft tokens. Pairs: SmolLM2-135M-Instruct
@@ -21,7 +21,12 @@ requests per load as the largest load has (one request alone gives one TPOT per 
 least `--min-batches` batches per load (a batch's requests share one draw of the host's speed,
 so a load run as one batch per round rests on one sample per round), and SLO
 attainment; adaserve / none is also printed as the median over rounds of each round's ratio (a
-round's batches run minutes apart at most). The four servers run side by side and the batches
+round's batches run minutes apart at most). The rounds run on `--server-sets` (default 3) fresh
+sets of the four servers, one set after another, each with its `--warmup` rounds and
+`--repeats` counted ones (default 1): on this host identical
+servers without speculation, side by side, differ by up to ~10 % in median TPOT for their whole
+life (docs/results.md), so a ratio of two processes is a draw of that too, and each
+configuration gets one draw per set. Within a set the four servers run side by side and the batches
 interleave (see `interleaved`: no speculation's and adaserve's alternate batch by batch), so the
 ratios compare like with like. Last line:
 adaserve_tpot_over_nospec_max=<max over loads of adaserve / no speculation median TPOT, SmolLM2>.
@@ -138,8 +143,10 @@ def choices(server: Server) -> str:
     stats = info["internal_states"][0]["adaspec"]["stats"]
     calibrated = stats["acceptance_calibrated_over_observed"]
     return (
-        f"{stats['plain_iterations']} iterations without speculation, {stats['iterations']} "
-        f"speculative ({stats['accepted_tokens_per_verify']:.2f} tokens committed per verify; "
+        f"{stats['plain_iterations']} iterations without speculation "
+        f"({stats['warm_plain_iterations']} of them with the draft kept warm), "
+        f"{stats['iterations']} speculative "
+        f"({stats['accepted_tokens_per_verify']:.2f} tokens committed per verify; "
         f"calibrated / observed accepted draft tokens "
         f"{'-' if calibrated is None else f'{calibrated:.3f}'}); last plan {stats['last_plan']}"
     )
@@ -151,25 +158,35 @@ def attainment(results, slos: dict[str, float], baseline_ms: float) -> float | N
 
 
 def run_pair(
-    name: str, loads, tokens, repeats, warmup, min_batches, logs: Path
+    name: str, loads, tokens, repeats, warmup, min_batches, server_sets, logs: Path
 ) -> dict[str, dict[int, float]]:
     """Median TPOT per configuration and load; prints the pair's table."""
     target, draft = pair(name)
     texts = builtin_prompts(max(loads))
     spec = eagle_flags(draft, 4, 2, 8)
-    servers = {
-        config: Server(
-            target, (*spec, *flags) if flags else (), log_path=logs / f"{name}-{config}.log"
-        )
-        for config, flags in CONFIGS.items()
-    }
-    with contextlib.ExitStack() as stack:
-        for server in servers.values():
-            stack.enter_context(server)
-        results, cold, rounds = interleaved(
-            servers, loads, texts, tokens, repeats, warmup, min_batches
-        )
-        print(f"{name} adaserve: {choices(servers['adaserve'])}")
+    results, cold, rounds = {}, {}, {}
+    for index in range(server_sets):
+        # A fresh set of processes: identical servers differ by up to ~10 % in speed for life
+        # on this host, so every configuration gets as many draws of that as there are sets.
+        servers = {
+            config: Server(
+                target,
+                (*spec, *flags) if flags else (),
+                log_path=logs / f"{name}-{config}-set{index + 1}.log",
+            )
+            for config, flags in CONFIGS.items()
+        }
+        with contextlib.ExitStack() as stack:
+            for server in servers.values():
+                stack.enter_context(server)
+            measured = interleaved(servers, loads, texts, tokens, repeats, warmup, min_batches)
+            print(
+                f"{name} adaserve (set {index + 1}/{server_sets}): {choices(servers['adaserve'])}"
+            )
+        for merged, part in zip((results, cold, rounds), measured):
+            for config, by_load in part.items():
+                for n, values in by_load.items():
+                    merged.setdefault(config, {}).setdefault(n, []).extend(values)
     if warmup:
         cold_tpot = {
             c: {n: statistics.median(t for _, t in cold[c][n]) for n in loads} for c in cold
@@ -206,7 +223,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loads", default="1,4,8")
     parser.add_argument("--tokens", type=int, default=48, help="new tokens per request")
-    parser.add_argument("--repeats", type=int, default=2, help="counted rounds")
+    parser.add_argument("--repeats", type=int, default=1, help="counted rounds per server set")
     parser.add_argument(
         "--warmup", type=int, default=1, help="rounds run first and not counted (default 1)"
     )
@@ -216,13 +233,28 @@ def main() -> int:
         default=3,
         help="batches per load and round at least, each configuration (default 3)",
     )
+    parser.add_argument(
+        "--server-sets",
+        type=int,
+        default=3,
+        help="fresh sets of servers, each running --warmup + --repeats rounds (default 3)",
+    )
     parser.add_argument("--pairs", default="bigram,bigram-deep,smollm2")
     args = parser.parse_args()
     loads = [int(n) for n in args.loads.split(",")]
     logs = Path(tempfile.mkdtemp(prefix="cost_aware_"))
     pairs = args.pairs.split(",")
     medians = {
-        p: run_pair(p, loads, args.tokens, args.repeats, args.warmup, args.min_batches, logs)
+        p: run_pair(
+            p,
+            loads,
+            args.tokens,
+            args.repeats,
+            args.warmup,
+            args.min_batches,
+            args.server_sets,
+            logs,
+        )
         for p in pairs
     }
     print(f"\nserver logs: {logs}")
