@@ -24,9 +24,9 @@ attainment; adaserve / none is also printed as the median over rounds of each ro
 round's batches run minutes apart at most). The rounds run on `--server-sets` (default 3) fresh
 sets of the four servers, one set after another, each with its `--warmup` rounds and
 `--repeats` counted ones (default 1): on this host identical
-servers without speculation, side by side, differ by up to ~10 % in median TPOT for their whole
-life (docs/results.md), so a ratio of two processes is a draw of that too, and each
-configuration gets one draw per set. Within a set the four servers run side by side and the batches
+servers without speculation, side by side, differed by 3-18 % in median TPOT over a run
+(docs/results.md), so a ratio of two processes is a draw of that too, and each configuration
+gets one draw per set. Within a set the four servers run side by side and the batches
 interleave (see `interleaved`: no speculation's and adaserve's alternate batch by batch), so the
 ratios compare like with like. Last line:
 adaserve_tpot_over_nospec_max=<max over loads of adaserve / no speculation median TPOT, SmolLM2>.
@@ -166,8 +166,8 @@ def run_pair(
     spec = eagle_flags(draft, 4, 2, 8)
     results, cold, rounds = {}, {}, {}
     for index in range(server_sets):
-        # A fresh set of processes: identical servers differ by up to ~10 % in speed for life
-        # on this host, so every configuration gets as many draws of that as there are sets.
+        # A fresh set of processes: identical servers differed by 3-18 % in speed over a run on
+        # this host, so every configuration gets as many draws of that as there are sets.
         servers = {
             config: Server(
                 target,
