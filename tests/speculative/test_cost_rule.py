@@ -122,6 +122,25 @@ def test_shape_gain_reads_every_smaller_shape_from_one_draft():
     assert gain.curve(2, 2) is not None and gain.curve(3, 1) is None
 
 
+def test_shape_gain_tables_are_the_pooled_gain_of_every_node_count():
+    # Four requests, a 3 x 2 beam each (f falls along every path), two SLO groups; the table
+    # holds up to 16 nodes per request, more than any shape has: past a shape's nodes its
+    # gain stays at what all of them give.
+    torch.manual_seed(0)
+    levels = torch.rand(4, 3, 2, dtype=torch.float64).sort(dim=2, descending=True).values
+    levels = levels.cumprod(dim=1)
+    gain = ShapeGain(max_nodes=16)
+    gain.observe(beam(levels.tolist()), 3, 2, [1.0, 1.0, 2.0, 2.0])
+    gain.refresh(torch.sqrt)
+    for s, (depth, width) in enumerate(gain.shapes):
+        ranked = levels[:, :depth, :width].reshape(4, -1).sqrt().sort(descending=True).values
+        ranked = torch.nn.functional.pad(ranked, (0, 16 - ranked.shape[1]))  # [4, 16]
+        for table, rows in ((gain.table, [0, 1, 2, 3]), (gain.group_table(2.0), [2, 3])):
+            expected = pooled_gain(ranked[rows].unsqueeze(0))[0]
+            assert table[s, 1:].tolist() == pytest.approx(expected.tolist(), abs=1e-12)
+            assert table[s, -1].item() == pytest.approx(float(ranked[rows].sum()) / len(rows))
+
+
 def test_shape_gain_keeps_a_shape_the_kept_drafts_no_longer_reach():
     # Two drafts kept: a 2 x 2 one, then two 1 x 1 chains. The wide, deep shapes keep what the
     # first returned (else the plan could not choose them again until the next exploring
