@@ -23,12 +23,12 @@ so a load run as one batch per round rests on one sample per round), and SLO
 attainment; adaserve / none is also printed as the median over rounds of each round's ratio (a
 round's batches run minutes apart at most). The rounds run on `--server-sets` (default 3) fresh
 sets of the four servers, one set after another, each with its `--warmup` rounds and
-`--repeats` counted ones (default 1): on this host identical
-servers without speculation, side by side, differed by 3-18 % in median TPOT over a run
-(docs/results.md), so a ratio of two processes is a draw of that too, and each configuration
-gets one draw per set. Within a set the four servers run side by side and the batches
-interleave (see `interleaved`: no speculation's and adaserve's alternate batch by batch), so the
-ratios compare like with like. Last line:
+`--repeats` counted ones (default 1): on this host identical servers without speculation, side
+by side, differed by 3-18 % in median TPOT over a run (docs/results.md), so a ratio of two
+processes is a draw of that too, and each configuration gets one draw per set. Within a set
+the four servers run side by side and the batches interleave (see `interleaved`: no
+speculation's and adaserve's alternate batch by batch), so the ratios compare like with like.
+Last line:
 adaserve_tpot_over_nospec_max=<max over loads of adaserve / no speculation median TPOT, SmolLM2>.
 """
 
