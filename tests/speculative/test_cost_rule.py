@@ -23,6 +23,7 @@ from sgl_adaspec.speculative.latency import VerifyLatency
 from sgl_adaspec.speculative.policies.adaserve import (
     BLIND_AFTER,
     FIRST_REMEASURE,
+    PLAN_REUSE,
     REMEASURE_PLAIN,
     REMEASURE_RUN,
     AdaserveConfig,
@@ -422,6 +423,34 @@ def test_adaserve_probes_only_when_no_request_on_track_would_lose_its_slo():
     # With the slack to pay for it (and the other still behind: it does not block), it probes.
     roomy = slo([12.0, 12.0], elapsed_ms=[1200.0 - cost - 1.0, 1300.0], tokens=[100.0, 100.0])
     assert drafted(policy, 2, 4, 2, roomy) == (1, 1)  # the probe's cold chain
+
+
+# Plain decodes measured at 50x the first price: speculation pays against them.
+DEARER_PLAIN = [((1, 10), 500.0), ((2, 10), 500.0)] * 20
+
+
+def test_a_stand_down_stands_on_its_batch_for_plan_reuse_iterations():
+    policy = standing_down_policy(probe_interval=100)
+    two = slo([math.nan, math.nan])
+    standing = policy._cost_plan(two)
+    assert standing.depth == 0
+    # The plain price moves (every plain iteration refits it): speculation would pay now, but
+    # the stand-down is re-planned only after PLAN_REUSE iterations on this batch.
+    policy.plain_latency.seed(DEARER_PLAIN)
+    reused = [policy._cost_plan(two) for _ in range(PLAN_REUSE - 1)]
+    assert all(plan is standing for plan in reused)
+    assert policy._cost_plan(two).depth > 0
+    # A new batch is planned at once, and so is the batch after a draft ran.
+    policy = standing_down_policy(probe_interval=100)
+    assert policy._cost_plan(two).depth == 0
+    policy.plain_latency.seed(DEARER_PLAIN)
+    assert policy._cost_plan(slo([math.nan, 50.0])).depth > 0
+    policy = standing_down_policy(probe_interval=100)
+    assert policy._cost_plan(two).depth == 0
+    policy.plain_latency.seed(DEARER_PLAIN)
+    drafted_now = iteration_input(beam([[[0.5, 0.5]] * 4]), 4, 2)
+    policy.observe(verified_outcome(drafted_now, policy.decide(drafted_now), 2, width=2))
+    assert policy._cost_plan(two).depth > 0
 
 
 def speculating_policy(config: AdaserveConfig) -> AdaservePolicy:
