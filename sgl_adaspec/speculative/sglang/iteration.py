@@ -35,7 +35,9 @@ class Iteration:
     - early_exit_counts: (tested, exited, test_ms) of the verify pass's early exit;
     - verify_ms / accepted [bs]: the verify pass's latency and accept lengths;
     - deepest_accepted [bs]: each request's deepest accepted candidate node (-1: none), None
-      when unknown (`tree.deepest_accepted`)."""
+      when unknown (`tree.deepest_accepted`);
+    - one_token_slots_in_row: a one-node verify's KV slots follow each request's prefix in
+      its `req_to_token` row (the torch attention backend's check; None: not yet asked)."""
 
     slo: SloBatch | None = None
     plain: bool = False
@@ -52,6 +54,7 @@ class Iteration:
     verify_ms: float | None = None
     accepted: torch.Tensor | None = None
     deepest_accepted: torch.Tensor | None = None
+    one_token_slots_in_row: bool | None = None
 
 
 _ITERATION: contextvars.ContextVar[Iteration | None] = contextvars.ContextVar(
