@@ -538,12 +538,11 @@ class AdaservePolicy(PolicyBase):
         standing = self._standing_down
         # A price measured at a new load is news, not a refit: it ends a stand-down.
         stand_key = (batch, len(self._plain_loads))
-        if fitted_price and standing is not None and standing[0] == stand_key:
-            if standing[2] < PLAN_REUSE:
-                self._standing_down = (stand_key, standing[1], standing[2] + 1)
-                return standing[1]
+        if fitted_price and standing and standing[0] == stand_key and standing[2] < PLAN_REUSE:
+            self._standing_down = (stand_key, standing[1], standing[2] + 1)
+            return standing[1]
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
-        if plain_ms is None:
+        if fitted_price:
             plain_ms = self.plain_latency.predict((slo.num_requests, self._context_tokens))
         base = self.config.switch_margin if self._plain_run > 0 else 0.0
         # In steps of 2 %, so the plan cache survives the record's drift.
