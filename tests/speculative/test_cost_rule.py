@@ -453,6 +453,27 @@ def test_a_stand_down_stands_on_its_batch_for_plan_reuse_iterations():
     assert policy._cost_plan(two).depth > 0
 
 
+def test_a_plan_serves_plan_reuse_iterations_while_the_models_refit():
+    policy = standing_down_policy(probe_interval=100)
+    policy.plain_latency.seed(DEARER_PLAIN)
+    policy.verify_latency.seed([((1, 10), 10.0), ((8, 10), 80.0)] * 20)  # 42 observations
+    two = slo([math.nan, math.nan])
+    planned = policy._cost_plan(two)
+    assert planned.depth > 0
+    fits, reused = policy.verify_latency.version, []
+    for _ in range(PLAN_REUSE - 1):
+        policy.verify_latency.seed([((8, 10), 80.0)] * 2)  # 42 to 56: within 2x
+        policy.verify_latency.coefficients()  # refits, as the selection's reads do
+        reused.append(policy._cost_plan(two))
+    assert policy.verify_latency.version > fits  # the fit moved, the plan stood
+    assert all(plan is planned for plan in reused)
+    assert policy._cost_plan(two) is not planned  # and is remade after PLAN_REUSE
+    # A model's observations doubling is news: the plan is remade at once.
+    planned = policy._cost_plan(two)
+    policy.draft_latency.seed([((1, 1), 2.0), ((4, 7), 8.0)])
+    assert policy._cost_plan(two) is not planned
+
+
 def speculating_policy(config: AdaserveConfig) -> AdaservePolicy:
     policy = AdaservePolicy(config)
     policy.verify_latency.seed([((1, 10), 10.0), ((3, 10), 10.0)])  # verify is flat

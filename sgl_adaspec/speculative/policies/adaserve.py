@@ -517,16 +517,17 @@ class AdaservePolicy(PolicyBase):
 
     def _cost_plan(self, slo: SloBatch, plain_ms: float | None = None):
         """The cost model's plan for the next draft (None until it has measurements), against
-        a plain decode at `plain_ms` (None: the fitted price at this load). Reused while its
-        inputs stand (the models' fits, the gain and calibration, the batch's SLOs and blind
-        requests, the context within ~9 %, the plain price) for up to `PLAN_REUSE`
-        iterations, as the requests' progress moves their needs slowly: planning costs ~1 ms
-        of torch calls, a fair share of a small model's plain decode. A plan that stands down
-        is reused for as long, on the same batch, whatever the models learned meanwhile:
-        every plain iteration moves the plain price's fit, and re-planning after each cost
-        ~2 ms of a ~129 ms plain iteration at 8 requests on the CPU (1.6 % of every
-        stand-down; ad hoc timing, 2026-11-28), while a switch to speculation waits at most
-        `PLAN_REUSE` iterations."""
+        a plain decode at `plain_ms` (None: the fitted price at this load). Reused while what
+        it is for stands (the batch's SLOs and blind requests, the context within ~41 %, the
+        plain price within 5 %, the margin, the pace, each model's observations within 2x)
+        for up to `PLAN_REUSE` iterations, whatever the models learned meanwhile, as the
+        requests' progress moves their needs slowly: planning costs 1-6 ms of torch calls
+        (most of it the gain's refresh), a fair share of a small model's iteration. A plan
+        that stands down is reused for as long on the same batch even as the plain price
+        moves: every plain iteration moves its fit, and re-planning after each cost ~2 ms of
+        a ~129 ms plain iteration at 8 requests on the CPU (1.6 % of every stand-down; ad hoc
+        timing, 2026-11-28), while a switch to speculation waits at most `PLAN_REUSE`
+        iterations."""
         verify = self.verify_latency
         if verify.num_observations < 2 or not self.gain.known:
             return None
@@ -541,25 +542,32 @@ class AdaservePolicy(PolicyBase):
         if fitted_price and standing and standing[0] == stand_key and standing[2] < PLAN_REUSE:
             self._standing_down = (stand_key, standing[1], standing[2] + 1)
             return standing[1]
-        verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
         if fitted_price:
             plain_ms = self.plain_latency.predict((slo.num_requests, self._context_tokens))
         base = self.config.switch_margin if self._plain_run > 0 else 0.0
         # In steps of 2 %, so the plan cache survives the record's drift.
         margin = round(self.record_at(slo.num_requests).required_edge(base) * 50) / 50
         pace = round(self.wall_per_decode * 20) / 20  # in steps of 5 %, as the margin
+        # What the plan is for, not what the models learned since: the fits move with every
+        # iteration, and re-planning on each cost ~6 ms of a ~46 ms speculative iteration at
+        # 8 requests on the tiny bigram pair (ad hoc timing, 2026-11-28).
+        # The context in steps of ~41 % and the price in steps of 5 %: at 8 requests of short
+        # prompts the context grows ~10 % per iteration. A model's first fits are news (from
+        # no draft cost to one, say), so the plan is remade as each model's observations double.
+        models = (verify, self.draft_latency, self.plain_latency)
         key = (
-            verify.version, self.draft_latency.version, self.gain.version,
-            self.acceptance.version, self.plain_latency.version,
-            int(8 * math.log2(1 + self._context_tokens)),
-            batch, margin, plain_ms, pace,
+            tuple(int(math.log2(1 + model.num_observations)) for model in models),
+            int(2 * math.log2(1 + self._context_tokens)),
+            batch, margin, None if not plain_ms else round(20 * math.log(plain_ms)), pace,
         )  # fmt: skip
         cached_plan, uses = self._plan_cache.get(key, (None, PLAN_REUSE))
         if uses < PLAN_REUSE:
             self._plan_cache[key] = (cached_plan, uses + 1)
             return self._note_standing(stand_key, fitted_price, cached_plan)
-        if self._refreshed_for != key[2:4]:
-            self._refreshed_for = key[2:4]
+        verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
+        versions = (self.gain.version, self.acceptance.version)
+        if self._refreshed_for != versions:
+            self._refreshed_for = versions
             self.gain.refresh(self.acceptance.apply)
         planned = plan_shape(
             slo=slo,
