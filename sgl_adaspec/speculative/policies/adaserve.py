@@ -548,12 +548,10 @@ class AdaservePolicy(PolicyBase):
         # In steps of 2 %, so the plan cache survives the record's drift.
         margin = round(self.record_at(slo.num_requests).required_edge(base) * 50) / 50
         pace = round(self.wall_per_decode * 20) / 20  # in steps of 5 %, as the margin
-        # What the plan is for, not what the models learned since (the fits move with every
-        # iteration; re-planning on each cost ~6 ms of a ~46 ms speculative iteration at 8
-        # requests on the tiny bigram pair, ad hoc timing, 2026-11-28): the context in steps
-        # of ~41 % (at 8 short prompts it grows ~10 % per iteration), the price in steps of
-        # 5 %, each model's observations within 2x (its first fits are news: from no draft
-        # cost to one, say).
+        # No fit's version: they move every iteration, and re-planning on each cost ~6 ms of
+        # a ~46 ms speculative iteration at 8 requests on the tiny bigram pair (ad hoc timing,
+        # 2026-11-28). The context is coarse because at 8 short prompts it grows ~10 % per
+        # iteration; observation counts stand for a model's first fits (no draft cost, then one).
         models = (verify, self.draft_latency, self.plain_latency)
         key = (
             tuple(int(math.log2(1 + model.num_observations)) for model in models),
