@@ -58,9 +58,13 @@ def test_eagle_batched_requests_stay_identical(eagle_server, reference_outputs):
 def test_native_and_openai_endpoints_answer(eagle_server):
     url = eagle_server.url
     # No temperature given: SGLang samples at 1.0, i.e. tree verification under sampling.
+    # A sampled tiny model may draw its EOS token early, hence ignore_eos on sampled requests.
     native = requests.post(
         f"{url}/generate",
-        json={"text": "def add(a, b):", "sampling_params": {"max_new_tokens": 8}},
+        json={
+            "text": "def add(a, b):",
+            "sampling_params": {"max_new_tokens": 8, "ignore_eos": True},
+        },
         timeout=120,
     )
     assert native.status_code == 200 and native.json()["meta_info"]["completion_tokens"] == 8
@@ -68,7 +72,13 @@ def test_native_and_openai_endpoints_answer(eagle_server):
         f"{url}/generate",
         json={
             "text": "def add(a, b):",
-            "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "top_k": 5, "top_p": 0.9},
+            "sampling_params": {
+                "max_new_tokens": 8,
+                "temperature": 0.7,
+                "top_k": 5,
+                "top_p": 0.9,
+                "ignore_eos": True,
+            },
         },
         timeout=120,
     )
