@@ -41,6 +41,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import requests
 
@@ -71,22 +72,32 @@ def pair(name: str) -> tuple[Path, Path]:
     return prepare_smollm2(), DEFAULT_EXPORT
 
 
+class Served(NamedTuple):
+    """One request's class, TPOT and tokens committed per verify pass (SGLang's accept length:
+    1.0 for a request served without speculation; streamed responses carry no more detail)."""
+
+    cls: str
+    tpot_ms: float
+    accept_length: float
+
+
 def run_batch(url: str, texts: list[str], tokens: int, slos: dict[str, float] | None):
-    """(class, TPOT ms) of each request of one batch sent at once."""
+    """`Served` of each request of one batch sent at once."""
     jobs = [(CLASSES[i % len(CLASSES)], text) for i, text in enumerate(texts)]
 
     def one(job):
         cls, text = job
         params = {"tpot_slo_ms": round(slos[cls], 3)} if slos else None
         # ignore_eos: every request decodes `tokens` tokens, so each has a TPOT.
-        return cls, stream_generate(url, text, tokens, params, ignore_eos=True).tpot_ms
+        timing = stream_generate(url, text, tokens, params, ignore_eos=True)
+        return Served(cls, timing.tpot_ms, timing.meta_info.get("spec_accept_length", 1.0))
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         return list(pool.map(one, jobs))
 
 
 def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmup=1, min_batches=1):
-    """Per configuration and load: every request's (class, TPOT ms). All servers are up at once
+    """Per configuration and load: every request's `Served`. All servers are up at once
     (each sleeps when idle), and each round runs every configuration's batches back to back, so
     a drift of the host's speed (they reach 20 % on this machine within minutes) falls on all of
     them alike; no speculation's and adaserve's alternate batch by batch. The SLOs the others'
@@ -114,7 +125,7 @@ def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmu
             for _ in range(batches):
                 results["none"] += run_batch(servers["none"].url, texts[:n], tokens, None)
                 out["none"][n] += results["none"][-n:]
-                slos = class_slos_ms(statistics.median(t for _, t in out["none"][n]))
+                slos = class_slos_ms(statistics.median(r.tpot_ms for r in out["none"][n]))
                 results["adaserve"] += run_batch(servers["adaserve"].url, texts[:n], tokens, slos)
             rest = [c for c in others if c != "adaserve"]
             shift = round_ % len(rest) if rest else 0
@@ -127,13 +138,13 @@ def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmu
                     cold["adaserve"][n] += results[config]
             if round_ >= warmup:
                 for config in servers:
-                    rounds[config][n].append(statistics.median(t for _, t in results[config]))
+                    rounds[config][n].append(statistics.median(r.tpot_ms for r in results[config]))
         print(f"round {round_ + 1}/{warmup + repeats} done", flush=True)
     return out, cold, rounds
 
 
 def batches_of(url: str, texts: list[str], tokens: int, slos, batches: int):
-    """`run_batch` `batches` times back to back: every request's (class, TPOT ms)."""
+    """`run_batch` `batches` times back to back: every request's `Served`."""
     return [result for _ in range(batches) for result in run_batch(url, texts, tokens, slos)]
 
 
@@ -153,8 +164,17 @@ def choices(server: Server) -> str:
 
 
 def attainment(results, slos: dict[str, float], baseline_ms: float) -> float | None:
-    judged = [(c, t) for c, t in results if slos[c] >= baseline_ms]
-    return sum(t <= slos[c] for c, t in judged) / len(judged) if judged else None
+    judged = [r for r in results if slos[r.cls] >= baseline_ms]
+    return sum(r.tpot_ms <= slos[r.cls] for r in judged) / len(judged) if judged else None
+
+
+def misses(results, slos: dict[str, float], baseline_ms: float) -> list[str]:
+    """Each judged request over its SLO: class, TPOT / SLO and accept length."""
+    return [
+        f"{r.cls} {r.tpot_ms / slos[r.cls]:.2f}x SLO (accept length {r.accept_length:.2f})"
+        for r in results
+        if baseline_ms <= slos[r.cls] < r.tpot_ms
+    ]
 
 
 def run_pair(
@@ -189,23 +209,27 @@ def run_pair(
                     merged.setdefault(config, {}).setdefault(n, []).extend(values)
     if warmup:
         cold_tpot = {
-            c: {n: statistics.median(t for _, t in cold[c][n]) for n in loads} for c in cold
+            c: {n: statistics.median(r.tpot_ms for r in cold[c][n]) for n in loads} for c in cold
         }
         ratios = ", ".join(
             f"n={n}: {cold_tpot['adaserve'][n] / cold_tpot['none'][n]:.3f}" for n in loads
         )
         print(f"{name}: warm-up rounds (a fresh server, not counted), adaserve / none: {ratios}")
-    baseline = {n: statistics.median(t for _, t in rs) for n, rs in results["none"].items()}
+    baseline = {n: statistics.median(r.tpot_ms for r in rs) for n, rs in results["none"].items()}
     print(f"\n{name}: median TPOT ms (SLO attainment) by load; baseline = no speculation")
     print(f"{'config':<10}" + "".join(f"{'n=' + str(n):>18}" for n in loads))
     medians = {}
     for config, by_load in results.items():
-        medians[config] = {n: statistics.median(t for _, t in rs) for n, rs in by_load.items()}
+        medians[config] = {n: statistics.median(r.tpot_ms for r in rs) for n, rs in by_load.items()}
         cells = []
         for n in loads:
             att = attainment(by_load[n], class_slos_ms(baseline[n]), baseline[n])
             cells.append(f"{medians[config][n]:>9.1f} ({'-' if att is None else f'{att:.2f}'})")
         print(f"{config:<10}" + "".join(f"{c:>18}" for c in cells))
+    for config, by_load in results.items():
+        for n in loads:
+            if missed := misses(by_load[n], class_slos_ms(baseline[n]), baseline[n]):
+                print(f"  {config} n={n} missed: {'; '.join(missed)}")
     ratios = {
         n: statistics.median(a / b for a, b in zip(rounds["adaserve"][n], rounds["none"][n]))
         for n in loads
