@@ -20,7 +20,8 @@ and load: median TPOT over all requests of `--repeats` rounds, each with at leas
 requests per load as the largest load has (one request alone gives one TPOT per batch) and at
 least `--min-batches` batches per load (a batch's requests share one draw of the host's speed,
 so a load run as one batch per round rests on one sample per round), and SLO
-attainment; adaserve / none is also printed as the median over rounds of each round's ratio (a
+attainment, then every request that missed its SLO (class, TPOT over the SLO, accept length);
+adaserve / none is also printed as the median over rounds of each round's ratio (a
 round's batches run minutes apart at most). The rounds run on `--server-sets` (default 3) fresh
 sets of the four servers, one set after another, each with its `--warmup` rounds and
 `--repeats` counted ones (default 1): on this host identical servers without speculation, side

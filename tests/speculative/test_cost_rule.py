@@ -15,6 +15,7 @@ from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.cost_rule import (
     ShapeGain,
     cost_budget,
+    draft_rows,
     plan_shape,
     pooled_gain,
     speculation_pays,
@@ -416,10 +417,26 @@ def test_adaserve_probes_only_when_no_request_on_track_would_lose_its_slo():
     # Two requests with a 12 ms SLO, 100 tokens out: one 30 ms ahead of its track, one behind.
     tight = slo([12.0, 12.0], elapsed_ms=[1170.0, 1300.0], tokens=[100.0, 100.0])
     policy = standing_down_policy(probe_interval=2)
-    cost = 2 * (policy._cost_plan(tight).iteration_ms - policy._cost_plan(tight).plain_ms)
-    assert cost > 30.0  # a probe would put the first off its track
+    standing = policy._cost_plan(tight)
     assert [drafted(policy, 2, 4, 2, tight)[0] for _ in range(6)] == [0] * 6
     assert policy._plain_run >= policy._probe_every  # the probe was due, and deferred
+    # The probe is priced as the shapes it runs: a cold 1-deep chain, then the full 4 x 2
+    # search (draft + a verify of 1 + depth tokens per request, less a plain decode, each).
+    cost = policy._probe_cost_ms(2, standing, (4, 2))
+    by_hand = sum(
+        policy.verify_latency.predict((2 * (1 + d), policy._context_tokens))
+        + policy.draft_latency.predict((d, draft_rows(d, w, 2)))
+        - standing.plain_ms
+        for d, w in ((1, 1), (4, 2))
+    )
+    assert cost == pytest.approx(by_hand) and cost > 30.0  # the first would fall off its track
+    # Slack enough for two iterations of the plan's best shape, not for the full search: the
+    # probe still waits.
+    best_shape = 2 * (standing.iteration_ms - standing.plain_ms)
+    assert best_shape < cost - 1.0
+    between = 1200.0 - (best_shape + cost) / 2
+    short = slo([12.0, 12.0], elapsed_ms=[between, 1300.0], tokens=[100.0, 100.0])
+    assert drafted(policy, 2, 4, 2, short)[0] == 0
     # With the slack to pay for it (and the other still behind: it does not block), it probes.
     roomy = slo([12.0, 12.0], elapsed_ms=[1200.0 - cost - 1.0, 1300.0], tokens=[100.0, 100.0])
     assert drafted(policy, 2, 4, 2, roomy) == (1, 1)  # the probe's cold chain

@@ -266,7 +266,8 @@ class AdaservePolicy(PolicyBase):
             return self._plain(topk)
         if planned is not None and planned.depth == 0:
             due = self._plain_run >= self._probe_every
-            if self._probe_left == 0 and not (due and self._can_afford_probe(slo, planned)):
+            affordable = due and self._can_afford_probe(slo, planned, full)
+            if self._probe_left == 0 and not affordable:
                 self._report(planned, num_requests)
                 return self._plain(topk)
             if self._probe_left == 0:  # a probe: a cold draft, then a measured one
@@ -336,16 +337,34 @@ class AdaservePolicy(PolicyBase):
         rows = draft_rows(depth, width, num_requests)
         return self.draft_latency.predict((depth, rows)) or 0.0
 
-    @staticmethod
-    def _can_afford_probe(slo: SloBatch, planned) -> bool:
-        """A probe runs two drafts the plan expects not to pay, each at most `iteration_ms -
-        plain_ms` behind a plain decode for every request. It waits until no request on its
-        SLO track has less slack than that: the probe is the policy's investment, not theirs
-        (a request already behind needs the speed a probe may find, and does not block it)."""
-        cost_ms = 2.0 * max(planned.iteration_ms - planned.plain_ms, 0.0)
+    def _can_afford_probe(self, slo: SloBatch, planned, full: tuple[int, int]) -> bool:
+        """A probe runs two drafts the plan expects not to pay (`_probe_cost_ms` behind a plain
+        decode for every request). It waits until no request on its SLO track has less slack
+        than that: the probe is the policy's investment, not theirs (a request already behind
+        needs the speed a probe may find, and does not block it)."""
+        cost_ms = self._probe_cost_ms(slo.num_requests, planned, full)
         slack = slo.slack_ms
         on_track = slack >= 0
         return not bool((slack[on_track] < cost_ms).any())
+
+    def _probe_cost_ms(self, num_requests: int, planned, full: tuple[int, int]) -> float:
+        """What a probe's two iterations take beyond two plain decodes: the shapes it runs (a
+        cold depth-1 chain where the draft's state is stale, and the full configured search),
+        each a draft and a verify of one root plus `depth` nodes per request, with nothing
+        credited for what they may accept. It was priced at the plan's best shape (a cheaper
+        one than the full search), and on SmolLM2 on the CPU every request adaserve served past
+        its SLO was one that speculation ran in (`benchmarks/cost_aware.py`, 2026-11-28: up to
+        1.40x its SLO, where no speculation's misses reached 1.15x)."""
+        cost_ms = 0.0
+        for depth, width in ((1, 1) if self._stale else full, full):
+            verify_ms = self.verify_latency.predict(
+                (num_requests * (1 + depth), self._context_tokens)
+            )
+            if verify_ms is None:
+                return 2.0 * max(planned.iteration_ms - planned.plain_ms, 0.0)
+            iteration_ms = verify_ms + self._draft_ms(depth, width, num_requests)
+            cost_ms += max(iteration_ms - planned.plain_ms, 0.0)
+        return cost_ms
 
     def draft_is_stale(self) -> bool:
         return self._cold
