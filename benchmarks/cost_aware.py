@@ -164,17 +164,22 @@ def choices(server: Server) -> str:
     )
 
 
+def judged(results, slos: dict[str, float], baseline_ms: float) -> list[Served]:
+    """The requests whose class's SLO is within reach (at or above the baseline TPOT)."""
+    return [r for r in results if slos[r.cls] >= baseline_ms]
+
+
 def attainment(results, slos: dict[str, float], baseline_ms: float) -> float | None:
-    judged = [r for r in results if slos[r.cls] >= baseline_ms]
-    return sum(r.tpot_ms <= slos[r.cls] for r in judged) / len(judged) if judged else None
+    counted = judged(results, slos, baseline_ms)
+    return sum(r.tpot_ms <= slos[r.cls] for r in counted) / len(counted) if counted else None
 
 
 def misses(results, slos: dict[str, float], baseline_ms: float) -> list[str]:
     """Each judged request over its SLO: class, TPOT / SLO and accept length."""
     return [
         f"{r.cls} {r.tpot_ms / slos[r.cls]:.2f}x SLO (accept length {r.accept_length:.2f})"
-        for r in results
-        if baseline_ms <= slos[r.cls] < r.tpot_ms
+        for r in judged(results, slos, baseline_ms)
+        if r.tpot_ms > slos[r.cls]
     ]
 
 

@@ -357,11 +357,10 @@ class AdaservePolicy(PolicyBase):
         seeds: 96.7 / 53.6 / 40.4 % before, 96.7 / 53.9 / 40.4 after."""
         cost_ms = 0.0
         for depth, width in ((1, 1) if self._stale else full, full):
+            # A plan exists, so the verify model has its fit.
             verify_ms = self.verify_latency.predict(
                 (num_requests * (1 + depth), self._context_tokens)
             )
-            if verify_ms is None:
-                return 2.0 * max(planned.iteration_ms - planned.plain_ms, 0.0)
             iteration_ms = verify_ms + self._draft_ms(depth, width, num_requests)
             cost_ms += max(iteration_ms - planned.plain_ms, 0.0)
         return cost_ms
