@@ -20,7 +20,8 @@ and load: median TPOT over all requests of `--repeats` rounds, each with at leas
 requests per load as the largest load has (one request alone gives one TPOT per batch) and at
 least `--min-batches` batches per load (a batch's requests share one draw of the host's speed,
 so a load run as one batch per round rests on one sample per round), and SLO
-attainment, then every request that missed its SLO (class, TPOT over the SLO, accept length);
+attainment, then every request that missed its SLO (class, TPOT over the SLO, accept length,
+which of its iterations speculated and what they verified);
 adaserve / none is also printed as the median over rounds of each round's ratio (a
 round's batches run minutes apart at most). The rounds run on `--server-sets` (default 3) fresh
 sets of the four servers, one set after another, each with its `--warmup` rounds and
@@ -50,6 +51,7 @@ from sgl_adaspec.bench.batch_loads import builtin_prompts
 from sgl_adaspec.demo import class_slos_ms
 from sgl_adaspec.local_server.client import stream_generate
 from sgl_adaspec.local_server.launch import Server, eagle_flags
+from sgl_adaspec.speculative.metrics import verified_per_iteration
 
 CLASSES = ("coding", "chat", "summarization")
 CONFIGS = {
@@ -74,12 +76,15 @@ def pair(name: str) -> tuple[Path, Path]:
 
 
 class Served(NamedTuple):
-    """One request's class, TPOT and tokens committed per verify pass (SGLang's accept length:
-    1.0 for a request served without speculation; streamed responses carry no more detail)."""
+    """One request's class, TPOT, tokens committed per verify pass (SGLang's accept length:
+    1.0 for a request served without speculation), verify passes, and the tokens verified in
+    each speculative iteration that served it (adaserve's and tetris's; empty otherwise)."""
 
     cls: str
     tpot_ms: float
     accept_length: float
+    verify_passes: int
+    verified: tuple[int, ...]
 
 
 def run_batch(url: str, texts: list[str], tokens: int, slos: dict[str, float] | None):
@@ -91,7 +96,14 @@ def run_batch(url: str, texts: list[str], tokens: int, slos: dict[str, float] | 
         params = {"tpot_slo_ms": round(slos[cls], 3)} if slos else None
         # ignore_eos: every request decodes `tokens` tokens, so each has a TPOT.
         timing = stream_generate(url, text, tokens, params, ignore_eos=True)
-        return Served(cls, timing.tpot_ms, timing.meta_info.get("spec_accept_length", 1.0))
+        meta = timing.meta_info
+        return Served(
+            cls,
+            timing.tpot_ms,
+            meta.get("spec_accept_length", 1.0),
+            meta.get("spec_verify_ct", 0),
+            tuple(verified_per_iteration(meta)),
+        )
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         return list(pool.map(one, jobs))
@@ -175,12 +187,22 @@ def attainment(results, slos: dict[str, float], baseline_ms: float) -> float | N
 
 
 def misses(results, slos: dict[str, float], baseline_ms: float) -> list[str]:
-    """Each judged request over its SLO: class, TPOT / SLO and accept length."""
+    """Each judged request over its SLO: class, TPOT / SLO, accept length and how many of its
+    iterations speculated."""
     return [
-        f"{r.cls} {r.tpot_ms / slos[r.cls]:.2f}x SLO (accept length {r.accept_length:.2f})"
+        f"{r.cls} {r.tpot_ms / slos[r.cls]:.2f}x SLO (accept length {r.accept_length:.2f}; "
+        f"{speculated(r)})"
         for r in judged(results, slos, baseline_ms)
         if r.tpot_ms > slos[r.cls]
     ]
+
+
+def speculated(served: Served) -> str:
+    """How many of a request's iterations speculated, and how many tokens they verified."""
+    if not served.verified:
+        return "no speculative iteration reported"
+    verified = "+".join(str(count) for count in served.verified)
+    return f"{len(served.verified)} of {served.verify_passes} iterations speculative, {verified}"
 
 
 def run_pair(

@@ -30,7 +30,7 @@ import yaml
 from sgl_adaspec.models.smollm2 import prepare_smollm2
 from sgl_adaspec.local_server.client import stream_generate
 from sgl_adaspec.models.tiny import ensure_models
-from sgl_adaspec.speculative.sglang.hooks import VERIFIED_TOKENS_KEY
+from sgl_adaspec.speculative.metrics import verified_per_iteration
 from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,7 +52,7 @@ class Outcome:
     completion_tokens: int
     verify_passes: int
     accept_length: float
-    verified_per_iteration: float | None  # mean over speculative iterations; None: none ran
+    verified: tuple[int, ...]  # tokens verified in each speculative iteration that served it
 
     @property
     def met(self) -> bool:
@@ -79,13 +79,8 @@ def send(url: str, slo_class: str, tpot_slo_ms: float) -> Outcome:
         completion_tokens=timing.completion_tokens,
         verify_passes=meta.get("spec_verify_ct", 0),
         accept_length=meta.get("spec_accept_length", 1.0),
-        verified_per_iteration=_mean(meta.get(VERIFIED_TOKENS_KEY) or []),
+        verified=tuple(verified_per_iteration(meta)),
     )
-
-
-def _mean(values) -> float | None:
-    flat = [v[0] if isinstance(v, list) else v for v in values]
-    return sum(flat) / len(flat) if flat else None
 
 
 def baseline_tpot_ms(url: str) -> float:
@@ -153,13 +148,13 @@ def main() -> int:
         f"{'verifies':>10}{'accept len':>12}  chose"
     )
     for o in outcomes:
-        if o.verified_per_iteration is not None:
-            chose = f"speculation, {o.verified_per_iteration:.1f} verified tokens per iteration"
-        else:  # streamed responses carry SGLang's accept length, not the per-iteration counts
+        if o.verified:
             chose = (
-                "speculation" if o.accept_length >= 1.5
-                else "mostly no speculation" if o.accept_length > 1.0 else "no speculation"
-            )  # fmt: skip
+                f"speculation in {len(o.verified)} of {o.verify_passes} iterations, "
+                f"{sum(o.verified) / len(o.verified):.1f} tokens verified in each"
+            )
+        else:
+            chose = "no speculation"
         met = ("yes" if o.met else "no") + ("" if reachable[o.slo_class] else "*")
         print(
             f"{o.slo_class:<14}{o.tpot_slo_ms:>9.2f}{o.tpot_ms:>9.2f}{met:>5}"

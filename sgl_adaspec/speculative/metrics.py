@@ -1,4 +1,5 @@
-"""Prometheus export of the speculation statistics (SGLang's `--enable-metrics`).
+"""Prometheus export of the speculation statistics (SGLang's `--enable-metrics`), and the
+per-request statistic each response carries (`VERIFIED_TOKENS_KEY`).
 
 SGLang runs prometheus_client in multiprocess mode: its launcher sets PROMETHEUS_MULTIPROC_DIR
 before spawning the scheduler and serves the merged registry at `/metrics`. Metrics created in
@@ -12,6 +13,16 @@ import os
 PREFIX = "sglang_adaspec:"
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 TPOT_BUCKETS_MS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000)
+# A response's meta_info field: per output token, the tokens verified by the speculative
+# iteration that committed it, at the iteration's first token (None elsewhere), as
+# `request_state.record_verified` writes it.
+VERIFIED_TOKENS_KEY = "adaspec_verified_tokens"
+
+
+def verified_per_iteration(meta_info: dict) -> list[int]:
+    """The tokens verified (root included) in each speculative iteration that served a
+    response, in order, from its meta_info; empty where none did."""
+    return [count for count in meta_info.get(VERIFIED_TOKENS_KEY) or () if count is not None]
 
 
 def metrics_enabled() -> bool:
@@ -54,7 +65,8 @@ class PrometheusSink:
             rank,
         )  # fmt: skip
         self.draft_rows = Counter(
-            f"{PREFIX}draft_rows", "Rows of the draft's decode forwards (steps - 1) * requests * width",
+            f"{PREFIX}draft_rows",
+            "Rows of the draft's decode forwards (steps - 1) * requests * width",
             rank,
         )  # fmt: skip
         self.exited = Counter(

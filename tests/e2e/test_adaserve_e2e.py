@@ -11,6 +11,7 @@ import requests
 
 from sgl_adaspec.local_server import client
 from sgl_adaspec.local_server.launch import eagle_flags
+from sgl_adaspec.speculative.metrics import VERIFIED_TOKENS_KEY, verified_per_iteration
 
 from .conftest import metric_values, start
 
@@ -43,22 +44,23 @@ def adaserve_outputs(models, tmp_path_factory):
         # Sampling (tree verification under sampling on the pruned tree) after the pair is done.
         sampled = generate(server.url, TIGHT[0], temperature=0.8)
         assert sampled["meta_info"]["completion_tokens"] == MAX_NEW_TOKENS
+        streamed = client.stream_generate(server.url, LOOSE[0], MAX_NEW_TOKENS, ignore_eos=True)
         info = requests.get(f"{server.url}/server_info", timeout=60).json()
         metrics = requests.get(f"{server.url}/metrics", timeout=60).text
-        return outputs, info["internal_states"][0]["adaspec"], metrics
+        return outputs, info["internal_states"][0]["adaspec"], metrics, streamed.meta_info
     finally:
         server.stop()
 
 
 def test_mixed_slo_batch_is_token_identical_to_no_speculation(plain_server, adaserve_outputs):
     expected = [generate(plain_server.url, prompt)["output_ids"] for prompt, _ in (TIGHT, LOOSE)]
-    outputs, _, _ = adaserve_outputs
+    outputs, _, _, _ = adaserve_outputs
     assert [out["output_ids"] for out in outputs] == expected
 
 
 def test_tight_slo_gets_more_verified_tokens_than_loose(adaserve_outputs):
-    outputs, _, _ = adaserve_outputs
-    tight, loose = (out["meta_info"]["adaspec_verified_tokens"] for out in outputs)
+    outputs, _, _, _ = adaserve_outputs
+    tight, loose = (verified_per_iteration(out["meta_info"]) for out in outputs)
     # Compare the iterations both requests ran together (same batch, same budget).
     together = min(len(tight), len(loose))
     assert together >= 10
@@ -67,8 +69,21 @@ def test_tight_slo_gets_more_verified_tokens_than_loose(adaserve_outputs):
     assert tight_mean > loose_mean, (tight, loose)
 
 
+def test_a_streamed_response_carries_every_speculative_iterations_verified_tokens(
+    adaserve_outputs,
+):
+    """SGLang slices customized info by output token in each streamed chunk: the counts are
+    token-aligned, so the last chunk holds one per speculative iteration (every iteration of
+    the knee rule speculates), each within the budget, none past the output."""
+    meta = adaserve_outputs[3]
+    counts = verified_per_iteration(meta)
+    assert len(counts) == meta["spec_verify_ct"] >= 10
+    assert all(1 <= count <= 8 for count in counts)
+    assert len(meta[VERIFIED_TOKENS_KEY]) <= meta["completion_tokens"]
+
+
 def test_server_info_reports_policy_state_and_per_class_attainment(adaserve_outputs):
-    _, state, _ = adaserve_outputs
+    _, state, _, _ = adaserve_outputs
     assert state["spec_policy"] == "adaserve"
     stats = state["stats"]
     assert stats["budget"] == 8 and stats["iterations"] >= 10
@@ -84,7 +99,7 @@ def test_server_info_reports_policy_state_and_per_class_attainment(adaserve_outp
 
 
 def test_prometheus_metrics_carry_slo_class_labels(adaserve_outputs):
-    _, _, metrics = adaserve_outputs
+    _, _, metrics, _ = adaserve_outputs
     lines = metric_values(metrics)
     assert lines['sglang_adaspec:requests_finished_total{slo_class="custom"}'] == 2
     assert lines['sglang_adaspec:requests_slo_met_total{slo_class="custom"}'] == 1

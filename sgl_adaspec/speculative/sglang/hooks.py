@@ -12,7 +12,7 @@ One speculative decode iteration of `EAGLEWorkerV2.forward_batch_generation`:
    layout; elsewhere the full tree is verified and only acceptance is restricted;
 4. the iteration's wall time updates the policy's latency estimate.
 Per-request verified-token counts go to each response's meta_info (`adaspec_verified_tokens`,
-one entry per iteration) through SGLang's `customized_info`.
+token-aligned: `request_state.record_verified`) through SGLang's `customized_info`.
 """
 
 from __future__ import annotations
@@ -50,8 +50,6 @@ from sgl_adaspec.speculative.sglang.tree import (
 from sgl_adaspec.speculative.sglang.tier_states import TierStates, extend_width, in_tier
 
 logger = logging.getLogger(__name__)
-
-VERIFIED_TOKENS_KEY = "adaspec_verified_tokens"
 
 
 def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs):
@@ -247,11 +245,7 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         it.cands, selection.mask, result.next_token_ids, result.accept_lens,
         verify_input.draft_token_num,
     )  # fmt: skip
-    logits_output = result.logits_output
-    if logits_output is not None:
-        info = logits_output.customized_info or {}
-        info[VERIFIED_TOKENS_KEY] = (selection.counts + 1).tolist()
-        logits_output.customized_info = info
+    request_state.record_verified(batch.reqs, selection.counts + 1, result.accept_lens)
     return result
 
 
@@ -301,7 +295,8 @@ def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> Iter
 
 def target_forward(original: Callable, worker, batch=None, forward_batch=None, *args, **kwargs):
     """AROUND `TpModelWorker.forward_batch_generation`: ragged verify of the kept nodes, with
-    the policy's early exit (`sglang.early_exit`) where it asked for one and the model supports it."""
+    the policy's early exit (`sglang.early_exit`) where it asked for one and the model
+    supports it."""
     scope = current_iteration()
     keep = scope.keep if scope is not None else None
     if not kwargs.get("is_verify", False) or keep is None:

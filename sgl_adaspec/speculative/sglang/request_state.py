@@ -1,6 +1,6 @@
-"""Per-request SLO bookkeeping on SGLang's `Req`: the SLO clock attached at a request's first
+"""Per-request bookkeeping on SGLang's `Req`: the SLO clock attached at a request's first
 decode iteration (`_adaspec_state`), the batch's SLO state for the policy, the finished
-request's report to the statistics."""
+request's report to the statistics, and the verified-token counts its response carries."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from sgl_adaspec.scheduler.request_slo import RequestSlo
 from sgl_adaspec.scheduler.sglang_adapter import request_slo
 from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.metrics import VERIFIED_TOKENS_KEY
 from sgl_adaspec.speculative.policies.base import PolicyBase
 from sgl_adaspec.speculative.sglang.blind_prefill import draft_blind
 from sgl_adaspec.speculative.sglang.runtime import now_s, replica_reporter, report_to_dispatcher
@@ -89,3 +90,24 @@ def request_finished(_result, req, *args, **kwargs) -> None:
     if tpot_ms is not None:
         target_ms = state.slo.resolve_ms(state.stats.baseline_tpot_ms)
         state.stats.observe_finished(state.slo.slo_class, tpot_ms, target_ms, state.infeasible)
+
+
+def record_verified(reqs, verified: torch.Tensor, committed: torch.Tensor) -> None:
+    """verified [B]: tokens each request sent to the target this speculative iteration (root
+    included); committed [B]: tokens it committed (bonus included) -> each request's
+    `customized_info[VERIFIED_TOKENS_KEY]`, token-aligned as SGLang slices customized info by
+    output token (streamed chunks carry [sent, output length) of it): the iteration's verified
+    count at its first committed token, None at its other tokens and at every token no
+    speculative iteration committed (the prefill's, plain iterations'). A list of one entry
+    per iteration, as SGLang's `customized_info` of the logits output makes, reached only
+    non-streamed responses: by token offsets a stream's later chunks sliced past its end.
+    The count's place is the request's output length before this iteration (padded up to it
+    with None); on SGLang's overlap schedule, where the output lags one iteration, only a
+    request's first count may sit early."""
+    for req, count, tokens in zip(reqs, verified.tolist(), committed.tolist()):
+        if req.customized_info is None:
+            req.customized_info = {}
+        entries = req.customized_info.setdefault(VERIFIED_TOKENS_KEY, [])
+        entries.extend([None] * (len(req.output_ids) - len(entries)))
+        entries.append(int(count))
+        entries.extend([None] * (int(tokens) - 1))
