@@ -169,11 +169,17 @@ def choices(server: Server) -> str:
     return (
         f"{stats['plain_iterations']} iterations without speculation "
         f"({stats['warm_plain_iterations']} of them with the draft kept warm), "
-        f"{stats['iterations']} speculative "
-        f"({stats['accepted_tokens_per_verify']:.2f} tokens committed per verify; "
+        f"{stats['iterations']} speculative (by reason: {reasons(stats)}; "
+        f"{stats['accepted_tokens_per_verify']:.2f} tokens committed per verify; "
         f"calibrated / observed accepted draft tokens "
         f"{'-' if calibrated is None else f'{calibrated:.3f}'}); last plan {stats['last_plan']}"
     )
+
+
+def reasons(stats: dict) -> str:
+    """Why the speculative iterations ran, from /server_info statistics."""
+    counts = stats.get("speculation_reasons") or {}
+    return ", ".join(f"{reason} {count}" for reason, count in counts.items()) or "-"
 
 
 def judged(results, slos: dict[str, float], baseline_ms: float) -> list[Served]:

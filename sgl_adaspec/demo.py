@@ -161,9 +161,10 @@ def main() -> int:
             f"{o.completion_tokens:>8}{o.verify_passes:>10}{o.accept_length:>12.2f}  {chose}"
         )
     plan = stats.get("last_plan")
+    reasons = ", ".join(f"{k} {v}" for k, v in stats["speculation_reasons"].items())
     print(
-        f"iterations: {stats['iterations']} speculative, {stats['plain_iterations']} without "
-        "speculation"
+        f"iterations: {stats['iterations']} speculative ({reasons or 'none'}), "
+        f"{stats['plain_iterations']} without speculation"
     )
     if plan:
         shape = f"depth {plan['depth']} x width {plan['width']}, " if plan["speculate"] else ""

@@ -57,6 +57,11 @@ class SpecStats:
     # those of them that kept the draft's state (its extend ran: `PolicyBase.keep_draft_warm`).
     plain_iterations: int = 0
     warm_plain_iterations: int = 0
+    # Why each speculative iteration of adaserve's cost rule ran: "planned" (the plan chose
+    # it), "probe" (a stand-down's two probing drafts), "explore" (an exploring draft), "cold"
+    # (the depth-1 chain that warms a stale draft when a plan starts speculating), "unplanned"
+    # (no plan yet).
+    speculation_reasons: dict[str, int] = field(default_factory=dict)
     # Requests prefilled without the draft (`PolicyBase.draft_prefills`): blind to it for life.
     blind_prefills: int = 0
     # Drafts that first computed the top-k a warm plain iteration's extend left to them
@@ -174,10 +179,13 @@ class SpecStats:
             ),
             "plain_iterations": self.plain_iterations,
             "warm_plain_iterations": self.warm_plain_iterations,
+            "speculation_reasons": dict(sorted(self.speculation_reasons.items())),
             "blind_prefills": self.blind_prefills,
             "deferred_topk_drafts": self.deferred_topk_drafts,
             # predicted / observed accepted draft tokens; 1.0 = calibrated (None: no data yet).
-            "acceptance_predicted_over_observed": _ratio(self.predicted_raw, self.observed_accepted),
+            "acceptance_predicted_over_observed": _ratio(
+                self.predicted_raw, self.observed_accepted
+            ),
             "acceptance_calibrated_over_observed": _ratio(
                 self.predicted_calibrated, self.observed_accepted
             ),

@@ -318,6 +318,12 @@ class AdaservePolicy(PolicyBase):
             self._report(planned, num_requests, shape)
         on_plan = planned is not None and not explored and not probing and not self._cold
         self._running_plan = planned if on_plan else None
+        reason = (
+            "probe" if probing else "cold" if self._cold else "unplanned" if planned is None
+            else "planned" if on_plan else "explore"
+        )  # fmt: skip
+        reasons = self.stats.speculation_reasons
+        reasons[reason] = reasons.get(reason, 0) + 1
         return shape
 
     def _explore_shape(self, num_requests: int, full: tuple[int, int], planned) -> tuple[int, int]:
