@@ -3,6 +3,7 @@ hand-computed cases."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -442,6 +443,32 @@ def test_adaserve_probes_only_when_no_request_on_track_would_lose_its_slo():
     # With the slack to pay for it (and the other still behind: it does not block), it probes.
     roomy = slo([12.0, 12.0], elapsed_ms=[1200.0 - cost - 1.0, 1300.0], tokens=[100.0, 100.0])
     assert drafted(policy, 2, 4, 2, roomy) == (1, 1)  # the probe's cold chain
+
+
+def test_a_few_planned_iterations_after_a_probe_do_not_restart_its_backoff():
+    """After a probe the plan may speculate for a few iterations (the probe's draft lifted the
+    gain table) and stand down again: the next probe still waits twice as long. Planned
+    speculation that holds for a probe interval is a new regime: the base rate again."""
+    policy = standing_down_policy(probe_interval=3)
+    one = slo([math.nan])
+    standing = policy._cost_plan(one)
+    speculating = dataclasses.replace(standing, depth=2, width=1, nodes_per_request=2)
+    plans = []  # the plans of the coming iterations; then a stand-down
+    policy._cost_plan = lambda slo_batch, plain_ms=None: plans.pop(0) if plans else standing
+
+    def depths(count: int) -> list[int]:
+        return [drafted(policy, 1, 4, 2, one)[0] for _ in range(count)]
+
+    assert depths(5) == [0, 0, 0, 1, 4]  # plain for the interval (3), then a probe
+    plans[:] = [speculating] * 2  # a short-lived plan to speculate
+    assert depths(2) == [2, 2]
+    # Standing down again, the probe waits 6 (twice 3), not 3.
+    assert depths(8) == [0, 0, 0, 0, 0, 0, 1, 4]
+    plans[:] = [speculating] * 3  # speculation that holds for the interval
+    assert depths(3) == [2, 2, 2]
+    assert depths(5) == [0, 0, 0, 1, 4]  # the base rate
+    reasons = policy.stats.speculation_reasons
+    assert reasons == {"probe": 6, "planned": 5}
 
 
 # Plain decodes measured at 50x the first price: speculation pays against them.

@@ -276,9 +276,15 @@ class AdaservePolicy(PolicyBase):
                     2 * self._probe_every, PROBE_BACKOFF * self.config.probe_interval
                 )
         elif planned is not None and self._probe_left == 0:
-            self._probe_every = self.config.probe_interval
             self._since_planned = 0
             self._since_plain += 1
+            if self._since_plain >= self.config.probe_interval:
+                # Speculation that held for a probe interval is a new regime: a later
+                # stand-down probes at the base rate again. A few planned iterations right
+                # after a probe (its lucky draft lifts the gain table for a while) are not:
+                # resetting on them kept a CPU where speculation never pays probing every
+                # `probe_interval` iterations.
+                self._probe_every = self.config.probe_interval
             if self._since_plain >= self._remeasure_every:
                 # While speculating, a plain decode's price would otherwise never be measured
                 # again (one measurement may be a stalled one, or the context has grown).
