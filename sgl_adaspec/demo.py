@@ -4,12 +4,15 @@ print what each got.
     python -m sgl_adaspec.demo [--tiny] [--keep-logs]
 
 It serves SmolLM2-135M-Instruct (prepared from its PyPI wheel) with the project's trained EAGLE
-draft (`models/smollm2-135m-eagle/`), or with `--tiny` the tiny random test models. It starts a
-real SGLang server on 127.0.0.1 (CPU), first measures the baseline TPOT without speculation
-at the demo's load (the same requests, concurrently), then sends one request per SLO class of
-`configs/slo_classes.yaml` concurrently, each carrying its SLO in `custom_params`, and prints per
-request: SLO, measured TPOT, whether it was met, what adaserve chose (verified tokens per
-speculative iteration, or no speculation) and the expected gain and cost behind its last plan.
+draft (`models/smollm2-135m-eagle/`), or with `--tiny` the tiny random test models. It starts
+two real SGLang servers on 127.0.0.1 (CPU) side by side, each sleeping when idle: one without
+speculation and one with adaserve. After a warm-up batch on each, it measures the baseline TPOT
+without speculation at the demo's load (the same requests, concurrently), then sends one
+request per SLO class of `configs/slo_classes.yaml` concurrently to adaserve, each carrying its
+SLO in `custom_params`, then measures the baseline again (the host's speed drifts), and prints
+per request: SLO, measured TPOT, whether it was met, what adaserve chose (in how many
+iterations it speculated and how many tokens each verified, or no speculation) and the
+expected gain and cost behind its last plan.
 A class whose SLO is below the TPOT this machine gives without speculation (absolute classes
 made for large models on GPUs) is out of reach of plain decoding: it is named so, its result
 is still shown (marked *), and it is left out of the attainment.
@@ -84,14 +87,19 @@ def send(url: str, slo_class: str, tpot_slo_ms: float) -> Outcome:
 
 
 def baseline_tpot_ms(url: str) -> float:
-    """TPOT without speculation at the demo's load: every class's prompt at once; the median.
-    One batch first warms the fresh server up (its first batch runs up to 2x slower on CPU)."""
+    """TPOT without speculation at the demo's load: every class's prompt at once; the median."""
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        list(pool.map(lambda prompt: stream_generate(url, prompt, 8), PROMPTS.values()))
         timings = list(
             pool.map(lambda prompt: stream_generate(url, prompt, MAX_NEW_TOKENS), PROMPTS.values())
         )
     return sorted(t.tpot_ms for t in timings)[len(timings) // 2]
+
+
+def warm_up(url: str, tokens: int) -> None:
+    """One batch of every class's prompt: a fresh server's first batch runs up to 2x slower on
+    CPU, and adaserve's cost model learns from it what speculation returns here."""
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        list(pool.map(lambda prompt: stream_generate(url, prompt, tokens), PROMPTS.values()))
 
 
 def main() -> int:
@@ -116,11 +124,27 @@ def main() -> int:
             f"topk 2, 8 draft tokens; device cpu"
         )
     logs = Path(tempfile.mkdtemp(prefix="sgl_adaspec_demo_"))
-    print("starting the baseline server (no speculation) to measure the baseline TPOT ...")
-    with Server(target, log_path=logs / "baseline.log") as baseline:
+    flags = (*shape, "--spec-policy", "adaserve")
+    print("starting a server without speculation (the baseline) and one with --spec-policy "
+          "adaserve, side by side ...")  # fmt: skip
+    with (
+        Server(target, log_path=logs / "baseline.log") as baseline,
+        Server(target, extra_args=flags, log_path=logs / "adaserve.log") as server,
+    ):
+        warm_up(baseline.url, 8)
+        warm_up(server.url, MAX_NEW_TOKENS)
+        # Measured right before adaserve's batch, and again right after it: the host's speed
+        # drifts by up to 20 % within minutes here, and the SLOs are set from the first.
         base_ms = baseline_tpot_ms(baseline.url)
-    slos = class_slos_ms(base_ms)
-    print(f"baseline TPOT {base_ms:.2f} ms ({len(PROMPTS)} concurrent requests, no speculation)")
+        slos = class_slos_ms(base_ms)
+        with concurrent.futures.ThreadPoolExecutor(len(slos)) as pool:
+            outcomes = list(pool.map(lambda item: send(server.url, *item), slos.items()))
+        base_after_ms = baseline_tpot_ms(baseline.url)
+        info = requests.get(f"{server.url}/server_info", timeout=60).json()
+    print(
+        f"baseline TPOT {base_ms:.2f} ms ({len(PROMPTS)} concurrent requests, no speculation; "
+        f"{base_after_ms:.2f} ms right after adaserve's requests)"
+    )
     reachable = {name: ms >= base_ms for name, ms in slos.items()}
     for name, ms in slos.items():
         if not reachable[name]:
@@ -129,18 +153,6 @@ def main() -> int:
                 "speculation: beyond plain decoding here (shown with *, left out of the "
                 "attainment)"
             )
-
-    print("starting the server with --spec-policy adaserve ...")
-    flags = (*shape, "--spec-policy", "adaserve")
-    with Server(target, extra_args=flags, log_path=logs / "adaserve.log") as server:
-        with concurrent.futures.ThreadPoolExecutor(len(slos)) as pool:
-            # Warm-up, as for the baseline: the server's first speculative iterations pay its
-            # lazy set-up (seconds on CPU), and the cost model learns what speculation returns.
-            list(
-                pool.map(lambda p: stream_generate(server.url, p, MAX_NEW_TOKENS), PROMPTS.values())
-            )
-            outcomes = list(pool.map(lambda item: send(server.url, *item), slos.items()))
-        info = requests.get(f"{server.url}/server_info", timeout=60).json()
     stats = info["internal_states"][0]["adaspec"]["stats"]
 
     print(
