@@ -282,8 +282,9 @@ class AdaservePolicy(PolicyBase):
                 # Speculation that held for a probe interval is a new regime: a later
                 # stand-down probes at the base rate again. A few planned iterations right
                 # after a probe (its lucky draft lifts the gain table for a while) are not:
-                # resetting on them kept a CPU where speculation never pays probing every
-                # `probe_interval` iterations.
+                # resetting on them sent a server where speculation never pays back to the
+                # base rate after each (SmolLM2 on a CPU, one server set each: 33 speculative
+                # iterations of ~1300 before, 18 after; docs/results.md).
                 self._probe_every = self.config.probe_interval
             if self._since_plain >= self._remeasure_every:
                 # While speculating, a plain decode's price would otherwise never be measured
