@@ -48,7 +48,7 @@ from typing import NamedTuple
 import requests
 
 from sgl_adaspec.bench.batch_loads import builtin_prompts
-from sgl_adaspec.demo import class_slos_ms
+from sgl_adaspec.demo import class_slos_ms, speculation_reasons
 from sgl_adaspec.local_server.client import stream_generate
 from sgl_adaspec.local_server.launch import Server, eagle_flags
 from sgl_adaspec.speculative.metrics import verified_per_iteration
@@ -169,17 +169,11 @@ def choices(server: Server) -> str:
     return (
         f"{stats['plain_iterations']} iterations without speculation "
         f"({stats['warm_plain_iterations']} of them with the draft kept warm), "
-        f"{stats['iterations']} speculative (by reason: {reasons(stats)}; "
+        f"{stats['iterations']} speculative (by reason: {speculation_reasons(stats)}; "
         f"{stats['accepted_tokens_per_verify']:.2f} tokens committed per verify; "
         f"calibrated / observed accepted draft tokens "
         f"{'-' if calibrated is None else f'{calibrated:.3f}'}); last plan {stats['last_plan']}"
     )
-
-
-def reasons(stats: dict) -> str:
-    """Why the speculative iterations ran, from /server_info statistics."""
-    counts = stats.get("speculation_reasons") or {}
-    return ", ".join(f"{reason} {count}" for reason, count in counts.items()) or "-"
 
 
 def judged(results, slos: dict[str, float], baseline_ms: float) -> list[Served]:

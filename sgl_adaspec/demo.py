@@ -95,6 +95,12 @@ def baseline_tpot_ms(url: str) -> float:
     return sorted(t.tpot_ms for t in timings)[len(timings) // 2]
 
 
+def speculation_reasons(stats: dict) -> str:
+    """Why adaserve's speculative iterations ran, from its /server_info statistics."""
+    counts = stats.get("speculation_reasons") or {}
+    return ", ".join(f"{reason} {count}" for reason, count in counts.items()) or "none"
+
+
 def warm_up(url: str, tokens: int) -> None:
     """One batch of every class's prompt: a fresh server's first batch runs up to 2x slower on
     CPU, and adaserve's cost model learns from it what speculation returns here."""
@@ -173,9 +179,8 @@ def main() -> int:
             f"{o.completion_tokens:>8}{o.verify_passes:>10}{o.accept_length:>12.2f}  {chose}"
         )
     plan = stats.get("last_plan")
-    reasons = ", ".join(f"{k} {v}" for k, v in stats["speculation_reasons"].items())
     print(
-        f"iterations: {stats['iterations']} speculative ({reasons or 'none'}), "
+        f"iterations: {stats['iterations']} speculative ({speculation_reasons(stats)}), "
         f"{stats['plain_iterations']} without speculation"
     )
     if plan:
