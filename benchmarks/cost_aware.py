@@ -29,7 +29,8 @@ sets of the four servers, one set after another, each with its `--warmup` rounds
 by side, differed by 3-18 % in median TPOT over a run (docs/results.md), so a ratio of two
 processes is a draw of that too, and each configuration gets one draw per set. Within a set
 the four servers run side by side and the batches interleave (see `interleaved`: no
-speculation's and adaserve's alternate batch by batch), so the ratios compare like with like.
+speculation's and adaserve's alternate batch by batch, in ABBA order), so the ratios compare
+like with like.
 Last line:
 adaserve_tpot_over_nospec_max=<max over loads of adaserve / no speculation median TPOT, SmolLM2>.
 """
@@ -109,6 +110,11 @@ def run_batch(url: str, texts: list[str], tokens: int, slos: dict[str, float] | 
         return list(pool.map(one, jobs))
 
 
+def slos_of(baseline: list) -> dict[str, float]:
+    """The SLO classes' TPOT SLOs from no speculation's median TPOT at a load so far."""
+    return class_slos_ms(statistics.median(r.tpot_ms for r in baseline))
+
+
 def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmup=1, min_batches=1):
     """Per configuration and load: every request's `Served`. All servers are up at once
     (each sleeps when idle), and each round runs every configuration's batches back to back, so
@@ -134,12 +140,22 @@ def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmu
                 cold["none"][n], out["none"][n] = out["none"][n], []
             # No speculation's and adaserve's batches alternate, one each in turn, so the
             # ratio the last line reports pairs batches seconds apart; the others follow.
+            # Which of the two goes first alternates from one batch to the next (ABBA), so a
+            # host slowing down or speeding up through a round favours neither.
             results = {config: [] for config in servers}
-            for _ in range(batches):
+            for batch in range(batches):
+                adaserve_first = bool(out["none"][n]) and (round_ + batch) % 2 == 1
+                if adaserve_first:
+                    results["adaserve"] += run_batch(
+                        servers["adaserve"].url, texts[:n], tokens, slos_of(out["none"][n])
+                    )
                 results["none"] += run_batch(servers["none"].url, texts[:n], tokens, None)
                 out["none"][n] += results["none"][-n:]
-                slos = class_slos_ms(statistics.median(r.tpot_ms for r in out["none"][n]))
-                results["adaserve"] += run_batch(servers["adaserve"].url, texts[:n], tokens, slos)
+                slos = slos_of(out["none"][n])
+                if not adaserve_first:
+                    results["adaserve"] += run_batch(
+                        servers["adaserve"].url, texts[:n], tokens, slos
+                    )
             rest = [c for c in others if c != "adaserve"]
             shift = round_ % len(rest) if rest else 0
             for config in rest[shift:] + rest[:shift]:
