@@ -197,8 +197,8 @@ def main() -> int:
     stats = info["internal_states"][0]["adaspec"]["stats"]
 
     print(
-        f"{'class':<14}{'SLO ms':>9}{'TPOT ms':>9}{'/ base':>8}{'met':>7}  chose (TPOT: the median over "
-        f"{ROUNDS} rounds of {MAX_NEW_TOKENS} tokens; met: rounds within the SLO)"
+        f"{'class':<14}{'SLO ms':>9}{'TPOT ms':>9}{'/ base':>8}{'met':>7}  chose (TPOT: the "
+        f"median over {ROUNDS} rounds of {MAX_NEW_TOKENS} tokens; met: rounds within the SLO)"
     )
     for r in results:
         verified = [count for o in r.rounds for count in o.verified]
