@@ -145,17 +145,12 @@ def interleaved(servers: dict[str, Server], loads, texts, tokens, repeats, warmu
             results = {config: [] for config in servers}
             for batch in range(batches):
                 adaserve_first = bool(out["none"][n]) and (round_ + batch) % 2 == 1
-                if adaserve_first:
-                    results["adaserve"] += run_batch(
-                        servers["adaserve"].url, texts[:n], tokens, slos_of(out["none"][n])
-                    )
-                results["none"] += run_batch(servers["none"].url, texts[:n], tokens, None)
-                out["none"][n] += results["none"][-n:]
-                slos = slos_of(out["none"][n])
-                if not adaserve_first:
-                    results["adaserve"] += run_batch(
-                        servers["adaserve"].url, texts[:n], tokens, slos
-                    )
+                for config in ("adaserve", "none") if adaserve_first else ("none", "adaserve"):
+                    slos = slos_of(out["none"][n]) if config == "adaserve" else None
+                    results[config] += run_batch(servers[config].url, texts[:n], tokens, slos)
+                    if config == "none":
+                        out["none"][n] += results["none"][-n:]
+            slos = slos_of(out["none"][n])
             rest = [c for c in others if c != "adaserve"]
             shift = round_ % len(rest) if rest else 0
             for config in rest[shift:] + rest[:shift]:

@@ -55,7 +55,6 @@ ROUNDS = 3
 @dataclass(frozen=True)
 class Outcome:
     slo_class: str
-    tpot_slo_ms: float  # the SLO the request carried
     tpot_ms: float
     verify_passes: int
     verified: tuple[int, ...]  # tokens verified in each speculative iteration that served it
@@ -108,7 +107,6 @@ def send(url: str, slo_class: str, tpot_slo_ms: float) -> Outcome:
     meta = timing.meta_info
     return Outcome(
         slo_class=slo_class,
-        tpot_slo_ms=tpot_slo_ms,
         tpot_ms=timing.tpot_ms,
         verify_passes=meta.get("spec_verify_ct", 0),
         verified=tuple(verified_per_iteration(meta)),
@@ -121,7 +119,7 @@ def baseline_tpot_ms(url: str) -> float:
         timings = list(
             pool.map(lambda prompt: stream_generate(url, prompt, MAX_NEW_TOKENS), PROMPTS.values())
         )
-    return sorted(t.tpot_ms for t in timings)[len(timings) // 2]
+    return median(t.tpot_ms for t in timings)
 
 
 def speculation_reasons(stats: dict) -> str:

@@ -5,7 +5,7 @@ from sgl_adaspec.demo import ClassResult, Outcome
 
 
 def result(tpots_ms, slo_ms: float = 90.0, baseline_ms: float = 75.0) -> ClassResult:
-    rounds = tuple(Outcome("coding", slo_ms, ms, verify_passes=63, verified=()) for ms in tpots_ms)
+    rounds = tuple(Outcome("coding", ms, verify_passes=63, verified=()) for ms in tpots_ms)
     return ClassResult(rounds, slo_ms, baseline_ms)
 
 
