@@ -221,7 +221,9 @@ def main() -> int:
     if plan:
         shape = f"depth {plan['depth']} x width {plan['width']}, " if plan["speculate"] else ""
         print(
-            f"last plan: {'speculate' if plan['speculate'] else 'no speculation'}; best draft "
+            f"last plan (for {plan['requests']} running request"
+            f"{'' if plan['requests'] == 1 else 's'}): "
+            f"{'speculate' if plan['speculate'] else 'no speculation'}; best draft "
             f"{shape}{plan['expected_accepted_per_request']:.2f} tokens per request in a "
             f"{plan['iteration_ms']:.1f} ms iteration ({plan['tokens_per_ms']:.4f} tokens/ms) "
             f"vs {plan['plain_tokens_per_ms']:.4f} tokens/ms without ({plan['plain_ms']:.1f} "

@@ -402,6 +402,7 @@ def test_adaserve_stands_down_then_probes():
     assert shapes[3] == (1, 1) and shapes[4] == (4, 2)
     assert [d for d, _ in shapes[5:]] == [0, 0, 0, 0]  # the next probe waits twice as long
     assert policy.stats.last_plan["speculate"] is False
+    assert policy.stats.last_plan["requests"] == 1  # the load it was made for
     # /server_info names why each speculative iteration ran.
     assert policy.stats.speculation_reasons == {"unplanned": 1, "probe": 2}
 

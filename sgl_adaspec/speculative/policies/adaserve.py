@@ -535,6 +535,7 @@ class AdaservePolicy(PolicyBase):
         curve = self.gain.curve(planned.depth, planned.width)
         report = {
             **planned.as_dict(),
+            "requests": num_requests,  # the running requests it was made for
             "acceptance_curve": self.acceptance.curve(),
             "gain_curve": None if curve is None else [round(x, 3) for x in curve[:9].tolist()],
             # Planned speculation's realized over predicted tokens per ms (`track_record`).
