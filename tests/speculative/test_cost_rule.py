@@ -363,6 +363,37 @@ def test_calibration_map_never_decreases_in_f():
     assert 0.4 < calibration.apply(torch.tensor([0.6])).item() < 0.6  # 0.25 and 0.75 pooled
 
 
+def test_one_weak_verify_does_not_zero_the_calibration():
+    """A first verify of one request whose 32 nodes read f = 0.01 or so (0.32 in all) and are
+    all rejected is what a calibrated draft does two times in three. Read as an overall error
+    of 0, g was 0 at every f, no node was worth verifying, and no verify could show otherwise
+    again. Now the error is pulled toward 1 and g above the bins seen follows it."""
+    calibration = AcceptanceCalibration()
+    calibration.observe(torch.full((1, 32), 0.01), torch.zeros((1, 32), dtype=torch.bool))
+    high = calibration.apply(torch.tensor([0.9])).item()
+    scale = (0 + 1.0) / (0.32 + 1.0)  # bias_prior = 1 pseudo-success and as much f
+    assert high == pytest.approx(scale * (0.9 - 0.01) / (1 - 0.01) + 0.0, abs=0.01)
+    assert calibration.apply(torch.tensor([0.01])).item() < 0.001  # 32 misses at f = 0.01
+    # Evidence still wins: the same weak verify 300 times (decayed: ~16 of f, no success) reads
+    # an error of 1 / 17 at every f.
+    for _ in range(300):
+        calibration.observe(torch.full((1, 32), 0.01), torch.zeros((1, 32), dtype=torch.bool))
+    assert calibration.apply(torch.tensor([0.9])).item() == pytest.approx(0.9 / 17, abs=0.005)
+
+
+def test_calibration_above_the_bins_seen_follows_the_overall_error():
+    calibration = AcceptanceCalibration()
+    # A draft accepted half as often as it says, seen at f = 0.2 only.
+    f = torch.tensor([[0.2, 0.2, 0.2, 0.2, 0.2]])
+    for i in range(400):
+        calibration.observe(f, torch.tensor([[i % 2 == 0, False, False, False, False]]))
+    assert calibration.apply(torch.tensor([0.2])).item() == pytest.approx(0.1, abs=0.01)
+    # Linear from the last bin (0.2, 0.1) to (1, 0.5).
+    assert calibration.apply(torch.tensor([0.6])).item() == pytest.approx(0.3, abs=0.01)
+    g = calibration.apply(torch.linspace(0.0, 1.0, 101))
+    assert (g[1:] >= g[:-1] - 1e-12).all()
+
+
 def test_calibration_without_observations_is_the_identity():
     calibration = AcceptanceCalibration()
     f = torch.tensor([0.9, 0.2, 0.0])
@@ -405,6 +436,26 @@ def test_adaserve_stands_down_then_probes():
     assert policy.stats.last_plan["requests"] == 1  # the load it was made for
     # /server_info names why each speculative iteration ran.
     assert policy.stats.speculation_reasons == {"unplanned": 1, "probe": 2}
+
+
+def test_a_probe_verifies_what_it_drafted_whatever_the_calibration_expects():
+    """A calibration that reads the draft as worthless makes the rule verify roots only; a
+    probe that did so would measure nothing and leave that reading standing for good. The
+    probe's measured draft verifies `depth` nodes per request (as the probe is priced), the
+    requests blind to the draft excepted; the iterations around it select by the rule."""
+    policy, rule = standing_down_policy(probe_interval=3), standing_down_policy(probe_interval=3)
+    for calibration in (policy.acceptance, rule.acceptance):
+        for _ in range(50):  # every node at f = 0.5 rejected
+            calibration.observe(torch.full((2, 8), 0.5), torch.zeros((2, 8), dtype=torch.bool))
+    two = slo([math.nan, math.nan])
+    shapes = [drafted(policy, 2, 4, 2, two) for _ in range(5)]
+    assert shapes[3:] == [(1, 1), (4, 2)]  # the probe's cold chain, then its measured draft
+    cands = beam([[[0.9, 0.5]] * 4, [[0.0, 0.0]] * 4])  # r1 blind to the draft
+    decision = policy.decide(iteration_input(cands, 4, 2))
+    assert decision.selection.counts.tolist() == [4, 0]
+    assert bool(decision.selection.mask[0, [0, 2, 4, 6]].all())  # r0's best chain by f
+    # The rule itself, outside a probe, verifies the roots only.
+    assert rule.decide(iteration_input(cands, 4, 2)).selection.counts.tolist() == [0, 0]
 
 
 def standing_down_policy(probe_interval: int) -> AdaservePolicy:
