@@ -438,26 +438,6 @@ def test_adaserve_stands_down_then_probes():
     assert policy.stats.speculation_reasons == {"unplanned": 1, "probe": 2}
 
 
-def test_a_probe_verifies_what_it_drafted_whatever_the_calibration_expects():
-    """A calibration that reads the draft as worthless makes the rule verify roots only; a
-    probe that did so would measure nothing and leave that reading standing for good. The
-    probe's measured draft verifies `depth` nodes per request (as the probe is priced), the
-    requests blind to the draft excepted; the iterations around it select by the rule."""
-    policy, rule = standing_down_policy(probe_interval=3), standing_down_policy(probe_interval=3)
-    for calibration in (policy.acceptance, rule.acceptance):
-        for _ in range(50):  # every node at f = 0.5 rejected
-            calibration.observe(torch.full((2, 8), 0.5), torch.zeros((2, 8), dtype=torch.bool))
-    two = slo([math.nan, math.nan])
-    shapes = [drafted(policy, 2, 4, 2, two) for _ in range(5)]
-    assert shapes[3:] == [(1, 1), (4, 2)]  # the probe's cold chain, then its measured draft
-    cands = beam([[[0.9, 0.5]] * 4, [[0.0, 0.0]] * 4])  # r1 blind to the draft
-    decision = policy.decide(iteration_input(cands, 4, 2))
-    assert decision.selection.counts.tolist() == [4, 0]
-    assert bool(decision.selection.mask[0, [0, 2, 4, 6]].all())  # r0's best chain by f
-    # The rule itself, outside a probe, verifies the roots only.
-    assert rule.decide(iteration_input(cands, 4, 2)).selection.counts.tolist() == [0, 0]
-
-
 def standing_down_policy(probe_interval: int) -> AdaservePolicy:
     """Measured: plain 10 ms; a speculative iteration (draft 2-8 ms + verify) does not pay."""
     policy = AdaservePolicy(AdaserveConfig(probe_interval=probe_interval))

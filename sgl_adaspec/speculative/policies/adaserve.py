@@ -46,12 +46,7 @@ from sgl_adaspec.speculative.policies.base import (
     PolicyBase,
     check_common_config,
 )
-from sgl_adaspec.speculative.selection import (
-    Selection,
-    expected_accepted,
-    select_adaserve,
-    select_static,
-)
+from sgl_adaspec.speculative.selection import Selection, expected_accepted, select_adaserve
 from sgl_adaspec.speculative.shapes import restrict_to_shape
 from sgl_adaspec.speculative.track_record import PlanTrackRecord
 
@@ -197,7 +192,6 @@ class AdaservePolicy(PolicyBase):
     _probe_every: int = field(default=0, repr=False)
     _probe_left: int = field(default=0, repr=False)  # speculative iterations the probe still runs
     _cold: bool = field(default=False, repr=False)  # this draft runs on a stale draft state
-    _measuring: bool = field(default=False, repr=False)  # this draft is a probe's measured one
     # A plain iteration since the last draft skipped the draft extend (`keep_draft_warm`).
     _stale: bool = field(default=False, repr=False)
     # `_speculation_pays`'s answers: loads -> (inputs, answer).
@@ -312,7 +306,6 @@ class AdaservePolicy(PolicyBase):
         self._plain_run = 0
         probing = self._probe_left > 0
         self._probe_left = max(self._probe_left - 1, 0)
-        self._measuring = probing and not self._cold
         if self._cold:
             shape = (1, 1)
         elif planned is None or probing:
@@ -651,7 +644,7 @@ class AdaservePolicy(PolicyBase):
             # The draft already ran at its own shape: select within it.
             depth = draft_steps if draft_steps is not None else int(cands.max_depth.max())
             plan = Plan(depth, draft_width or plan.width, plan.budget)
-        shaped = drafted = restrict_to_shape(cands, plan.depth, plan.width)
+        shaped = restrict_to_shape(cands, plan.depth, plan.width)
         if self.config.budget_rule == "cost":
             calibrated = self.acceptance.apply(shaped.path_prob)
             if not self._cold:
@@ -684,8 +677,6 @@ class AdaservePolicy(PolicyBase):
         elif n_max is None:
             n_max = cands.num_nodes
         selection = select_adaserve(shaped, required, plan.budget, n_max)
-        if self._measuring and self.config.budget_rule == "cost":
-            selection = with_probed_nodes(selection, drafted, plan.depth)
         return selection, required, plan
 
     def decide(self, it: IterationInput) -> Decision:
@@ -708,17 +699,6 @@ class AdaservePolicy(PolicyBase):
             return torch.zeros_like(slo.has_slo)
         best_tpot_ms = self.t_spec_ms / (plan.depth + 1)
         return slo.has_slo & (slo.tpot_slo_ms < best_tpot_ms)
-
-
-def with_probed_nodes(selection: Selection, cands: Candidates, depth: int) -> Selection:
-    """`selection` plus each request's `depth` best nodes by f (requests the draft sees): what
-    a probe verifies whatever the calibration expects of them (`_probe_cost_ms` prices this
-    many). A probe measures what speculation returns; one that verified only the nodes a
-    calibration read low finds worth it verified none, and the calibration could not learn
-    that it was wrong."""
-    seen = (cands.path_prob > 0).any(dim=1, keepdim=True)  # [B, 1]
-    mask = selection.mask | (select_static(cands, depth).mask & seen)
-    return Selection(mask, mask.sum(dim=1), selection.slo_counts)
 
 
 def beyond_reach(cands: Candidates, required: torch.Tensor) -> torch.Tensor:
