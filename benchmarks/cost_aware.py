@@ -177,13 +177,17 @@ def choices(server: Server) -> str:
     info = requests.get(f"{server.url}/server_info", timeout=30).json()
     stats = info["internal_states"][0]["adaspec"]["stats"]
     calibrated = stats["acceptance_calibrated_over_observed"]
+    settled = stats["settled_calibrated_over_observed"]
     return (
         f"{stats['plain_iterations']} iterations without speculation "
         f"({stats['warm_plain_iterations']} of them with the draft kept warm), "
         f"{stats['iterations']} speculative (by reason: {speculation_reasons(stats)}; "
         f"{stats['accepted_tokens_per_verify']:.2f} tokens committed per verify; "
         f"calibrated / observed accepted draft tokens "
-        f"{'-' if calibrated is None else f'{calibrated:.3f}'}); last plan {stats['last_plan']}"
+        f"{'-' if calibrated is None else f'{calibrated:.3f}'} decayed, "
+        f"{'-' if settled is None else f'{settled:.3f}'} after warm-up over "
+        f"{stats['settled_accepted_draft_tokens']:.0f} accepted draft tokens); "
+        f"last plan {stats['last_plan']}"
     )
 
 

@@ -10,6 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Trials the calibration must have learned from before its predictions count in the settled
+# ratio (`SpecStats.observe_calibration`): a few iterations of verified nodes at n = 8. Before
+# them g is mostly its priors, and over the few speculative iterations of a server that mostly
+# stands down those first verifies weigh on a decayed ratio for its whole run (SmolLM2 on the
+# CPU, ~22 speculative iterations a run: 1.153 in one run of three).
+CALIBRATION_WARMUP_TRIALS = 256
+
 
 @dataclass
 class ClassStats:
@@ -75,6 +82,12 @@ class SpecStats:
     observed_accepted: float = 0.0
     # Verified nodes whose outcome (on the accepted path or not) trained the calibration.
     calibration_trials: int = 0
+    # The same, summed over every iteration whose prediction was made after
+    # CALIBRATION_WARMUP_TRIALS trials: the whole run after warm-up, undecayed.
+    settled_raw: float = 0.0
+    settled_calibrated: float = 0.0
+    settled_observed: float = 0.0
+    settled_iterations: int = 0
     # The last plan of a cost-aware policy: what it chose and the figures behind it.
     last_plan: dict | None = None
     t_spec_ms: float | None = None
@@ -114,6 +127,11 @@ class SpecStats:
         self.predicted_raw = decay * self.predicted_raw + raw
         self.predicted_calibrated = decay * self.predicted_calibrated + calibrated
         self.observed_accepted = decay * self.observed_accepted + observed
+        if self.calibration_trials >= CALIBRATION_WARMUP_TRIALS:
+            self.settled_raw += raw
+            self.settled_calibrated += calibrated
+            self.settled_observed += observed
+            self.settled_iterations += 1
         for sink in self.sinks:
             sink.observe_calibration(raw, calibrated, observed)
 
@@ -190,6 +208,14 @@ class SpecStats:
                 self.predicted_calibrated, self.observed_accepted
             ),
             "calibration_trials": self.calibration_trials,
+            # Over the whole run after the calibration's warm-up: the ratio, and the observed
+            # accepted draft tokens and iterations behind it (its noise: at least ~1 / sqrt(tokens)).
+            "settled_predicted_over_observed": _ratio(self.settled_raw, self.settled_observed),
+            "settled_calibrated_over_observed": _ratio(
+                self.settled_calibrated, self.settled_observed
+            ),
+            "settled_accepted_draft_tokens": round(self.settled_observed, 3),
+            "settled_iterations": self.settled_iterations,
             "last_plan": self.last_plan,
             "t_spec_ms": self.t_spec_ms,
             "baseline_tpot_ms": self.baseline_tpot_ms,

@@ -213,3 +213,24 @@ def test_verify_latency_of_one_token_count_only():
         model.observe((1, 0), ms)
     assert model.predict((1, 0)) == pytest.approx(80.0)
     assert model.knee == 1.0
+
+
+def test_settled_calibration_ratio_counts_only_predictions_made_after_warm_up():
+    from sgl_adaspec.speculative.stats import CALIBRATION_WARMUP_TRIALS, SpecStats
+
+    stats = SpecStats()
+    # Warm-up: a calibration without trials predicts 3 tokens where 1 came.
+    stats.observe_calibration(raw=3.0, calibrated=3.0, observed=1.0)
+    stats.calibration_trials = CALIBRATION_WARMUP_TRIALS - 1
+    stats.observe_calibration(raw=3.0, calibrated=3.0, observed=1.0)
+    assert stats.as_dict()["settled_calibrated_over_observed"] is None
+    stats.calibration_trials = CALIBRATION_WARMUP_TRIALS
+    for _ in range(100):
+        stats.observe_calibration(raw=3.0, calibrated=1.1, observed=1.0)
+    report = stats.as_dict()
+    assert report["settled_calibrated_over_observed"] == pytest.approx(1.1)
+    assert report["settled_predicted_over_observed"] == pytest.approx(3.0)
+    assert report["settled_accepted_draft_tokens"] == pytest.approx(100.0)
+    assert report["settled_iterations"] == 100
+    # The decayed ratio still remembers the warm-up's two iterations.
+    assert report["acceptance_calibrated_over_observed"] > 1.1
