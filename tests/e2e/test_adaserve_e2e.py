@@ -93,6 +93,9 @@ def test_server_info_reports_policy_state_and_per_class_attainment(adaserve_outp
     # The verify pass's committed tokens named each request's accepted path, so every verified
     # node trained the calibration.
     assert stats["calibration_trials"] >= stats["iterations"]
+    # Iterations predicted after the calibration's warm-up are summed apart (none before it).
+    assert 0 <= stats["settled_iterations"] < stats["iterations"]
+    assert stats["settled_accepted_draft_tokens"] >= 0
     custom = stats["classes"]["custom"]  # both requests stated tpot_slo_ms directly
     assert custom["finished"] == 2
     assert 1 <= custom["met"] <= 2  # the 5 s request is always met
