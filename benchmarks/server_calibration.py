@@ -91,7 +91,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=12, help="batches per budget rule")
     parser.add_argument("--concurrency", type=int, default=8, help="requests per batch")
     parser.add_argument("--tokens", type=int, default=96, help="new tokens per request")
-    parser.add_argument("--budget-rule", default="knee,cost", help="adaserve budget rules, in order")
+    parser.add_argument("--budget-rule", default="knee,cost", help="adaserve rules, in order")
     args = parser.parse_args()
     rules = args.budget_rule.split(",")
     if args.rounds < 2 or not set(rules) <= {"knee", "cost"}:

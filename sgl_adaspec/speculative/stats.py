@@ -208,8 +208,8 @@ class SpecStats:
                 self.predicted_calibrated, self.observed_accepted
             ),
             "calibration_trials": self.calibration_trials,
-            # Over the whole run after the calibration's warm-up: the ratio, and the observed
-            # accepted draft tokens and iterations behind it (its noise: at least ~1 / sqrt(tokens)).
+            # Over the whole run after the calibration's warm-up: the ratios, and the observed
+            # accepted draft tokens and iterations behind them (noise >= ~1 / sqrt(tokens)).
             "settled_predicted_over_observed": _ratio(self.settled_raw, self.settled_observed),
             "settled_calibrated_over_observed": _ratio(
                 self.settled_calibrated, self.settled_observed
