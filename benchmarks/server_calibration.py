@@ -27,18 +27,12 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import requests
-
 from sgl_adaspec.bench.batch_loads import builtin_prompts
+from sgl_adaspec.bench.server_probe import adaspec_stats, server_info
 from sgl_adaspec.local_server.client import stream_generate
 from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 STEPS, TOPK, NUM_DRAFT_TOKENS = 4, 2, 8  # as cost_aware.py
-
-
-def stats_of(server: Server) -> dict:
-    info = requests.get(f"{server.url}/server_info", timeout=30).json()
-    return info["internal_states"][0]["adaspec"]["stats"]
 
 
 def settled(stats: dict) -> tuple[float, float, float, int]:
@@ -69,9 +63,9 @@ def run_rule(rule: str, target: Path, draft: Path, args, logs: Path) -> float | 
     )  # fmt: skip
     with Server(target, flags, log_path=logs / f"adaserve-{rule}.log") as server:
         serve_rounds(server, texts, args.rounds // 2, args.tokens)
-        first = settled(stats_of(server))
+        first = settled(adaspec_stats(server_info(server.url)))
         serve_rounds(server, texts, args.rounds - args.rounds // 2, args.tokens)
-        stats = stats_of(server)
+        stats = adaspec_stats(server_info(server.url))
     calibrated, raw, observed, iterations = settled(stats)
     second = [b - a for a, b in zip(first, (calibrated, raw, observed, iterations))]
     print(
