@@ -93,8 +93,9 @@ class ShapeGain:
     table: torch.Tensor | None = field(default=None, repr=False)
     reached: torch.Tensor | None = field(default=None, repr=False)
     groups: dict = field(default_factory=dict, repr=False)
-    # Per kept draft: raw f ranked [S, B, K], the shapes it reached [S] bool, and its rows
-    # [B] bool per group (each SLO group's key, and _ALL).
+    # Per kept draft: its nodes' raw f [B * N + 1] (the last: 0), per group (each SLO group's
+    # key, and _ALL) its pool [S, L] (node indices, best first) and rows R, and the shapes it
+    # reached [S] bool.
     _drafts: deque = field(default_factory=deque, repr=False)
 
     @property
@@ -132,29 +133,43 @@ class ShapeGain:
         self.version += 1
         shapes = self.shapes
         f = cands.path_prob.double()
-        bsz, k = f.shape[0], self.max_nodes
+        bsz, nodes = f.shape
+        k = min(self.max_nodes, nodes)
+        # Per shape and request, its k best nodes by f, and which nodes they are (indices into
+        # the flattened [B * N] f, whose extra last entry is 0: the filler of short rows).
         ranked = torch.zeros(len(shapes), bsz, k, dtype=torch.float64)
+        node_ids = torch.full((len(shapes), bsz, k), bsz * nodes, dtype=torch.int64)
         reached = torch.tensor([d <= depth and w <= width for d, w in shapes])
         depth_limit = torch.arange(1, depth + 1, device=f.device).view(-1, 1, 1)  # [D, 1, 1]
+        offsets = (torch.arange(bsz) * nodes).view(1, -1, 1)
         for w in draft_widths(self.max_width):
             if w > width:
                 break
             beam = restrict_to_shape(cands, depth, w).valid  # [B, N]
             kept = torch.where((cands.depth.unsqueeze(0) <= depth_limit) & beam, f, 0.0)
-            top = torch.sort(kept, dim=2, descending=True).values[..., :k].cpu()  # [D, B, <=K]
+            top = torch.sort(kept, dim=2, descending=True)
             first = shapes.index((1, w))
-            ranked[first : first + depth, :, : top.shape[2]] = top
+            ranked[first : first + depth] = top.values[..., :k].cpu()
+            node_ids[first : first + depth] = top.indices[..., :k].cpu() + offsets
         keys = list(groups) if groups is not None else [None] * bsz
         rows = {key: torch.tensor([k == key for k in keys]) & seen for key in set(keys) - {None}}
         rows = {key: members for key, members in rows.items() if bool(members.any())}
         rows[_ALL] = seen
-        # Columns past the most nodes any shape kept hold zeros only. They are dropped: f' of 0
-        # is 0, and a pooled gain past them stays flat (`_flat_to` restores it). The refresh
-        # before every plan recalibrates and re-pools each kept draft, and at 8 x 4 drafts of
-        # ~100 requests it was ~90 % of the plan's time (simulator, a100 rate 8: 41 ms each).
-        columns = (ranked > 0).flatten(0, 1).any(dim=0).nonzero()
-        used = int(columns.max()) + 1 if columns.numel() else 1
-        self._drafts.append((ranked[..., :used].contiguous(), reached, rows))
+        # Per group, its pool of nodes per shape, best first, as node indices, cut after the
+        # last node with f > 0 (f' of 0 is 0). The calibration is non-decreasing, so it keeps
+        # the pool's order: a refresh calibrates each draft's B * N nodes once and sums, and
+        # sorts nothing (recalibrating and re-sorting the pools of 8 x 4 drafts at every plan
+        # was ~90 % of the plan's time: simulator, a100 rate 8, 41 ms each).
+        filler = node_ids.new_full((), bsz * nodes)
+        pools = {}
+        for key, members in rows.items():
+            pooled = torch.sort(ranked[:, members].flatten(1), dim=1, descending=True)
+            length = int((pooled.values > 0).sum(dim=1).max())
+            ids = node_ids[:, members].flatten(1).gather(1, pooled.indices[:, :length])
+            ids = torch.where(pooled.values[:, :length] > 0, ids, filler)
+            pools[key] = (ids, int(members.sum()))
+        flat_f = torch.cat([f.flatten().cpu(), torch.zeros(1, dtype=torch.float64)])
+        self._drafts.append((flat_f, pools, reached))
         while len(self._drafts) > self.drafts:
             self._drafts.popleft()
 
@@ -164,12 +179,14 @@ class ShapeGain:
             return
         # Per group (an SLO group's key, or _ALL requests): [S, K] gain summed over the rows
         # of the drafts that reached each shape, and those rows [S].
+        # One calibration call for the nodes of every kept draft.
+        drafted = [flat_f for flat_f, _, _ in self._drafts]
+        calibrated = calibrate(torch.cat(drafted)).split([len(x) for x in drafted])
         sums: dict = {}
-        for ranked, reached, groups in self._drafts:
-            calibrated = calibrate(ranked)  # [S, B, K]
-            for key, rows in groups.items():
-                weight = reached.double() * int(rows.sum())  # [S]
-                gained = _flat_to(pooled_gain(calibrated[:, rows]), self.max_nodes)
+        for (_, pools, reached), node_f in zip(self._drafts, calibrated):
+            for key, (pool, count) in pools.items():
+                weight = reached.double() * count  # [S]
+                gained = pooled_gain(node_f[pool], count, self.max_nodes)
                 gained = gained * weight.unsqueeze(1)  # [S, K]
                 total, seen = sums.get(key, (0.0, 0.0))
                 sums[key] = (total + gained, seen + weight)
@@ -195,26 +212,21 @@ class ShapeGain:
         self.table, self.reached, self.groups = table, reached, groups
 
 
-def pooled_gain(calibrated: torch.Tensor) -> torch.Tensor:
-    """calibrated [S, R, K]: each of R requests' f' ranked best first, per shape -> [S, K]:
-    for k = 1..K, the expected accepted draft tokens per request of the R * k best nodes of
-    all R (a batch-wide budget of k nodes per request, as `cost_budget` spends it). Pooled,
-    not each request's own k best: requests the draft reads well take more than k nodes and
-    hard ones fewer, which returns more, the more so the deeper the shape (measured in the
-    simulator: a 5-deep chain's per-request mean under-predicted what it committed by 11 %,
-    a 2-deep one's by ~4 %, so the plan chose too shallow under load)."""
-    shapes, requests, nodes = calibrated.shape
-    pool = calibrated.reshape(shapes, requests * nodes)
-    best = torch.sort(pool, dim=1, descending=True).values.cumsum(1)  # [S, R * K]
-    taken = torch.arange(1, nodes + 1, device=pool.device) * requests - 1  # [K]
-    return best[:, taken] / requests
-
-
-def _flat_to(gain: torch.Tensor, nodes: int) -> torch.Tensor:
-    """gain [S, k] of ranked nodes whose columns past k were zeros -> [S, nodes]: the gain of
-    more nodes is the gain of all k."""
-    missing = nodes - gain.shape[1]
-    return torch.cat([gain, gain[:, -1:].expand(-1, missing)], dim=1) if missing > 0 else gain
+def pooled_gain(pool: torch.Tensor, requests: int, nodes: int) -> torch.Tensor:
+    """pool [S, L]: per shape, the f' of R = `requests` requests' ranked nodes pooled, best
+    first (the nodes past L read 0) -> [S, K = nodes]: for k = 1..K, the expected accepted draft
+    tokens per request of the R * k best nodes of all R (a batch-wide budget of k nodes per
+    request, as `cost_budget` spends it). Pooled, not each request's own k best: requests the
+    draft reads well take more than k nodes and hard ones fewer, which returns more, the more
+    so the deeper the shape (measured in the simulator: a 5-deep chain's per-request mean
+    under-predicted what it committed by 11 %, a 2-deep one's by ~4 %, so the plan chose too
+    shallow under load)."""
+    if pool.shape[1] == 0:
+        return pool.new_zeros(pool.shape[0], nodes)
+    taken = (torch.arange(1, nodes + 1, device=pool.device) * requests - 1).clamp(
+        max=pool.shape[1] - 1
+    )  # [K]
+    return pool.cumsum(1)[:, taken] / requests
 
 
 def _mean_table(gained: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -139,7 +139,8 @@ def test_shape_gain_tables_are_the_pooled_gain_of_every_node_count():
         ranked = levels[:, :depth, :width].reshape(4, -1).sqrt().sort(descending=True).values
         ranked = torch.nn.functional.pad(ranked, (0, 16 - ranked.shape[1]))  # [4, 16]
         for table, rows in ((gain.table, [0, 1, 2, 3]), (gain.group_table(2.0), [2, 3])):
-            expected = pooled_gain(ranked[rows].unsqueeze(0))[0]
+            best = ranked[rows].flatten().sort(descending=True).values.cumsum(0)
+            expected = best[torch.arange(1, 17) * len(rows) - 1] / len(rows)
             assert table[s, 1:].tolist() == pytest.approx(expected.tolist(), abs=1e-12)
             assert table[s, -1].item() == pytest.approx(float(ranked[rows].sum()) / len(rows))
 
@@ -179,9 +180,12 @@ def test_shape_gain_is_what_a_batch_wide_budget_of_k_nodes_per_request_returns()
     assert gain.curve(3, 1).tolist() == pytest.approx([0, 0.85, 1.3, 1.375])
     # Each request's own k best would give (.9 + .2) / 2 = .55 at k = 1: pooling returns more
     # where requests differ, and the same where they do not.
-    assert pooled_gain(torch.tensor([[[0.9, 0.8], [0.9, 0.8]]])).tolist() == [
+    assert pooled_gain(torch.tensor([[0.9, 0.9, 0.8, 0.8]]), 2, 2).tolist() == [
         pytest.approx([0.9, 1.7])
     ]
+    # A pool cut after its last node of f' > 0: more nodes per request return nothing more.
+    assert pooled_gain(torch.tensor([[0.9, 0.5]]), 2, 3).tolist() == [pytest.approx([0.7] * 3)]
+    assert pooled_gain(torch.zeros(2, 0), 3, 2).tolist() == [[0.0, 0.0], [0.0, 0.0]]
 
 
 def test_tokens_costing_more_than_they_return_give_no_speculation():

@@ -1,0 +1,107 @@
+"""How much time adaserve's own calls take per iteration, on the server's code path.
+
+    python benchmarks/policy_overhead.py [--preset a100x4-llama70b] [--rates 2,8]
+                                         [--requests 200] [--repeats 3] [--seed 0]
+
+The simulator drives the policy through the calls the SGLang adapter makes (`draft_shape`,
+`keep_draft_warm`, `decide`, `observe`, `draft_prefills`; `sim.policies.ServerPolicy`), and
+this script times those calls alone with a wall clock, single-threaded: the simulator's own
+work (the draft trees, the accept walk) is left out. On a server the same time sits on the
+scheduler's critical path of every iteration. Per rate: the policy's ms per speculative and
+per plain iteration (mean over the run's iterations, median over `--repeats` runs of the same
+workload), the mean running requests, and the share of iterations that speculated.
+Last line: adaserve_policy_ms_per_speculative_iteration=<the largest over rates>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from sgl_adaspec.sim.experiments import SweepConfig, SweepSetup
+from sgl_adaspec.sim.policies import make_policy
+
+TIMED_CALLS = ("draft_shape", "keep_draft_warm", "decide", "observe", "draft_prefills")
+
+
+class Clock:
+    """Wall time spent in the policy's timed calls, charged to the iteration they belong to."""
+
+    def __init__(self, policy) -> None:
+        self.pending_ms = 0.0
+        self.speculative: list[float] = []
+        self.plain: list[float] = []
+        self.running: list[int] = []
+        for name in TIMED_CALLS:
+            setattr(policy, name, self._timed(getattr(policy, name), name == "observe"))
+
+    def _timed(self, call, ends_iteration: bool):
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            result = call(*args, **kwargs)
+            self.pending_ms += 1e3 * (time.perf_counter() - started)
+            if ends_iteration:
+                outcome = args[0]
+                (self.speculative if outcome.speculated else self.plain).append(self.pending_ms)
+                self.running.append(len(outcome.rids))
+                self.pending_ms = 0.0
+            return result
+
+        return timed
+
+
+def one_run(setup: SweepSetup, workload) -> Clock:
+    clocks = []
+
+    def policy():
+        adapter = make_policy("adaserve", setup.budget, setup.baseline)
+        clocks.append(Clock(adapter.policy))
+        return adapter
+
+    setup.run(policy, [workload])
+    return clocks[0]
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="a100x4-llama70b")
+    parser.add_argument("--rates", default="2,8", help="requests per second, comma-separated")
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    rates = tuple(float(r) for r in args.rates.split(","))
+    config = SweepConfig(
+        preset=args.preset, rates_rps=rates, num_requests=args.requests, repeats=1,
+        seed=args.seed, policies=("adaserve",),
+    )  # fmt: skip
+    setup = SweepSetup.of(config)
+    print(f"adaserve's own calls per iteration, {args.preset}, {args.requests} requests, "
+          f"median of {args.repeats} runs")  # fmt: skip
+    print("| rate | running (mean) | speculative share | ms per speculative | ms per plain |")
+    print("|---|---|---|---|---|")
+    worst = float("nan")
+    for rate in rates:
+        workload = setup.workloads(rate)[0]
+        clocks = [one_run(setup, workload) for _ in range(args.repeats)]
+        spec = statistics.median(_mean(c.speculative) for c in clocks)
+        plain = statistics.median(_mean(c.plain) for c in clocks)
+        clock = clocks[0]
+        share = len(clock.speculative) / max(len(clock.speculative) + len(clock.plain), 1)
+        print(f"| {rate:g} | {_mean(clock.running):.1f} | {share:.2f} | {spec:.3f} | {plain:.3f} |")
+        worst = spec if worst != worst else max(worst, spec)
+    print(f"adaserve_policy_ms_per_speculative_iteration={worst:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
