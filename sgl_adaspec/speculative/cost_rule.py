@@ -20,6 +20,7 @@ f' that maximizes expected committed tokens per ms.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable
@@ -29,7 +30,7 @@ import torch
 
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.shapes import restrict_to_shape
+from sgl_adaspec.speculative.shapes import beams_of_widths
 
 # verify_ms(tokens, context) / draft_ms(steps, rows) -> float64 latency (broadcast); None
 # if unknown.
@@ -142,15 +143,15 @@ class ShapeGain:
         reached = torch.tensor([d <= depth and w <= width for d, w in shapes])
         depth_limit = torch.arange(1, depth + 1, device=f.device).view(-1, 1, 1)  # [D, 1, 1]
         offsets = (torch.arange(bsz) * nodes).view(1, -1, 1)
-        for w in draft_widths(self.max_width):
-            if w > width:
-                break
-            beam = restrict_to_shape(cands, depth, w).valid  # [B, N]
-            kept = torch.where((cands.depth.unsqueeze(0) <= depth_limit) & beam, f, 0.0)
-            top = torch.sort(kept, dim=2, descending=True)
+        widths = tuple(w for w in draft_widths(self.max_width) if w <= width)
+        beams = beams_of_widths(cands, depth, widths).unsqueeze(1)  # [W, 1, B, N]
+        kept = torch.where((cands.depth.unsqueeze(0) <= depth_limit) & beams, f, 0.0)
+        top = torch.sort(kept, dim=3, descending=True)  # [W, D, B, N]
+        values, indices = top.values[..., :k].cpu(), top.indices[..., :k].cpu() + offsets
+        for i, w in enumerate(widths):
             first = shapes.index((1, w))
-            ranked[first : first + depth] = top.values[..., :k].cpu()
-            node_ids[first : first + depth] = top.indices[..., :k].cpu() + offsets
+            ranked[first : first + depth] = values[i]
+            node_ids[first : first + depth] = indices[i]
         keys = list(groups) if groups is not None else [None] * bsz
         rows = {key: torch.tensor([k == key for k in keys]) & seen for key in set(keys) - {None}}
         rows = {key: members for key, members in rows.items() if bool(members.any())}
@@ -177,19 +178,28 @@ class ShapeGain:
         """Rebuild the tables with `calibrate` (f -> f', monotone, 0 stays 0)."""
         if not self._drafts:
             return
+        # One calibration call for the nodes of every kept draft; each pool's node indices are
+        # shifted to index them all, and every draft's last node (f = 0) pads a short pool.
+        drafted = [flat_f for flat_f, _, _ in self._drafts]
+        starts = [0, *itertools.accumulate(len(flat_f) for flat_f in drafted)]
+        node_f = calibrate(torch.cat(drafted))
+        pooled: dict = {}  # per group: its (pool, rows, reached shapes) in each draft
+        for (_, pools, reached), start in zip(self._drafts, starts):
+            for key, (pool, count) in pools.items():
+                pooled.setdefault(key, []).append((pool + start, count, reached))
         # Per group (an SLO group's key, or _ALL requests): [S, K] gain summed over the rows
         # of the drafts that reached each shape, and those rows [S].
-        # One calibration call for the nodes of every kept draft.
-        drafted = [flat_f for flat_f, _, _ in self._drafts]
-        calibrated = calibrate(torch.cat(drafted)).split([len(x) for x in drafted])
+        zero = starts[1] - 1  # the first draft's last node
         sums: dict = {}
-        for (_, pools, reached), node_f in zip(self._drafts, calibrated):
-            for key, (pool, count) in pools.items():
+        for key, drafts in pooled.items():
+            pools = _stacked([pool for pool, _, _ in drafts], zero)  # [E, S, L]
+            counts = torch.tensor([count for _, count, _ in drafts])
+            gains = pooled_gain(node_f[pools], counts, self.max_nodes)  # [E, S, K]
+            total, seen = 0.0, 0.0
+            for gain, (_, count, reached) in zip(gains, drafts):
                 weight = reached.double() * count  # [S]
-                gained = pooled_gain(node_f[pool], count, self.max_nodes)
-                gained = gained * weight.unsqueeze(1)  # [S, K]
-                total, seen = sums.get(key, (0.0, 0.0))
-                sums[key] = (total + gained, seen + weight)
+                total, seen = total + gain * weight.unsqueeze(1), seen + weight
+            sums[key] = (total, seen)
         total, seen = sums.pop(_ALL)
         reached = seen > 0
         table = _mean_table(total, seen)
@@ -212,21 +222,29 @@ class ShapeGain:
         self.table, self.reached, self.groups = table, reached, groups
 
 
-def pooled_gain(pool: torch.Tensor, requests: int, nodes: int) -> torch.Tensor:
-    """pool [S, L]: per shape, the f' of R = `requests` requests' ranked nodes pooled, best
-    first (the nodes past L read 0) -> [S, K = nodes]: for k = 1..K, the expected accepted draft
-    tokens per request of the R * k best nodes of all R (a batch-wide budget of k nodes per
-    request, as `cost_budget` spends it). Pooled, not each request's own k best: requests the
-    draft reads well take more than k nodes and hard ones fewer, which returns more, the more
-    so the deeper the shape (measured in the simulator: a 5-deep chain's per-request mean
-    under-predicted what it committed by 11 %, a 2-deep one's by ~4 %, so the plan chose too
-    shallow under load)."""
-    if pool.shape[1] == 0:
-        return pool.new_zeros(pool.shape[0], nodes)
-    taken = (torch.arange(1, nodes + 1, device=pool.device) * requests - 1).clamp(
-        max=pool.shape[1] - 1
-    )  # [K]
-    return pool.cumsum(1)[:, taken] / requests
+def pooled_gain(pool: torch.Tensor, requests: torch.Tensor, nodes: int) -> torch.Tensor:
+    """pool [E, S, L]: per entry e and shape, the f' of R_e = requests[e] requests' ranked
+    nodes pooled, best first (the nodes past L read 0) -> [E, S, K = nodes]: for k = 1..K, the
+    expected accepted draft tokens per request of the R_e * k best nodes of all R_e (a
+    batch-wide budget of k nodes per request, as `cost_budget` spends it). Pooled, not each
+    request's own k best: requests the draft reads well take more than k nodes and hard ones
+    fewer, which returns more, the more so the deeper the shape (measured in the simulator: a
+    5-deep chain's per-request mean under-predicted what it committed by 11 %, a 2-deep one's
+    by ~4 %, so the plan chose too shallow under load)."""
+    entries, shapes, length = pool.shape
+    if length == 0:
+        return pool.new_zeros(entries, shapes, nodes)
+    k = torch.arange(1, nodes + 1, device=pool.device)
+    taken = (k.unsqueeze(0) * requests.unsqueeze(1) - 1).clamp(max=length - 1)  # [E, K]
+    best = torch.gather(pool.cumsum(2), 2, taken.unsqueeze(1).expand(-1, shapes, -1))
+    return best / requests.view(-1, 1, 1)
+
+
+def _stacked(pools: list[torch.Tensor], fill: int) -> torch.Tensor:
+    """pools [S, L_e] each -> [E, S, max L_e], each padded with `fill`."""
+    length = max(pool.shape[1] for pool in pools)
+    pads = [pool.new_full((len(pool), length - pool.shape[1]), fill) for pool in pools]
+    return torch.stack([torch.cat([pool, pad], 1) for pool, pad in zip(pools, pads)])
 
 
 def _mean_table(gained: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

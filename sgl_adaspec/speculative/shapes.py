@@ -15,27 +15,36 @@ def restrict_to_shape(cands: Candidates, depth: int | torch.Tensor, width: int) 
     nodes kept one level up. `depth` is one int for the batch or [B] int64 per request (0 keeps
     nothing). width 1 keeps each request's most probable chain. Returns the same trees with
     `valid` narrowed [B, N]."""
+    kept = beams_of_widths(cands, depth, (width,))[0]
+    return Candidates(cands.tokens, cands.parents, cands.path_prob, kept)
+
+
+def beams_of_widths(
+    cands: Candidates, depth: int | torch.Tensor, widths: tuple[int, ...]
+) -> torch.Tensor:
+    """`restrict_to_shape`'s `valid` for each of `widths` at once -> [len(widths), B, N] bool:
+    one sort per level for all widths (a shape's gain is read at every width of a draft)."""
     node_depth = cands.depth  # [B, N], 1 = child of the root
     limit = depth if isinstance(depth, int) else depth.to(node_depth.device).unsqueeze(1)
     valid = cands.valid & (node_depth <= limit)
     max_level = depth if isinstance(depth, int) else int(depth.max()) if depth.numel() else 0
-    kept = torch.zeros_like(valid)
+    beams = len(widths)
+    kept = torch.zeros((beams, *valid.shape), dtype=torch.bool, device=valid.device)
+    width = torch.tensor(widths, device=valid.device).view(-1, 1, 1)  # [W, 1, 1]
     index = torch.arange(cands.num_nodes, device=valid.device)
+    has_parent = (cands.parents >= 0).expand_as(kept)
+    parents = cands.parents.clamp(min=0).expand_as(kept)
     for level in range(1, max_level + 1):
-        parent_kept = torch.where(
-            cands.parents >= 0,
-            torch.gather(kept, 1, cands.parents.clamp(min=0)),
-            torch.ones_like(kept),
-        )
-        at_level = valid & (node_depth == level) & parent_kept  # [B, N]
+        parent_kept = torch.where(has_parent, torch.gather(kept, 2, parents), True)
+        at_level = valid & (node_depth == level) & parent_kept  # [W, B, N]
         if not bool(at_level.any()):
             break
         key = torch.where(at_level, cands.path_prob, -1.0)
         # Stable descending sort: equal f keep node-index order.
-        order = torch.sort(key, dim=1, descending=True, stable=True).indices
-        rank = torch.empty_like(order).scatter_(1, order, index.expand_as(order))
+        order = torch.sort(key, dim=2, descending=True, stable=True).indices
+        rank = torch.empty_like(order).scatter_(2, order, index.expand_as(order))
         kept |= at_level & (rank < width)
-    return Candidates(cands.tokens, cands.parents, cands.path_prob, kept)
+    return kept
 
 
 def selection_from_mask(mask: torch.Tensor, slo_mask: torch.Tensor | None = None) -> Selection:

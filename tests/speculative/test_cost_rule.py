@@ -180,12 +180,17 @@ def test_shape_gain_is_what_a_batch_wide_budget_of_k_nodes_per_request_returns()
     assert gain.curve(3, 1).tolist() == pytest.approx([0, 0.85, 1.3, 1.375])
     # Each request's own k best would give (.9 + .2) / 2 = .55 at k = 1: pooling returns more
     # where requests differ, and the same where they do not.
-    assert pooled_gain(torch.tensor([[0.9, 0.9, 0.8, 0.8]]), 2, 2).tolist() == [
-        pytest.approx([0.9, 1.7])
+    assert pooled_gain(torch.tensor([[[0.9, 0.9, 0.8, 0.8]]]), torch.tensor([2]), 2).tolist() == [
+        [pytest.approx([0.9, 1.7])]
     ]
-    # A pool cut after its last node of f' > 0: more nodes per request return nothing more.
-    assert pooled_gain(torch.tensor([[0.9, 0.5]]), 2, 3).tolist() == [pytest.approx([0.7] * 3)]
-    assert pooled_gain(torch.zeros(2, 0), 3, 2).tolist() == [[0.0, 0.0], [0.0, 0.0]]
+    # Pools of drafts with 2 and 1 requests, the first cut after its last node of f' > 0 (more
+    # nodes per request return nothing more), the second padded with zeros.
+    pools = torch.tensor([[[0.9, 0.5, 0.0]], [[0.6, 0.2, 0.0]]])
+    assert pooled_gain(pools, torch.tensor([2, 1]), 3).tolist() == [
+        [pytest.approx([0.7] * 3)],
+        [pytest.approx([0.6, 0.8, 0.8])],
+    ]
+    assert pooled_gain(torch.zeros(1, 2, 0), torch.tensor([3]), 2).tolist() == [[[0.0] * 2] * 2]
 
 
 def test_tokens_costing_more_than_they_return_give_no_speculation():
