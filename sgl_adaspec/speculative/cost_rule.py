@@ -195,11 +195,11 @@ class ShapeGain:
             pools = _stacked([pool for pool, _, _ in drafts], zero)  # [E, S, L]
             counts = torch.tensor([count for _, count, _ in drafts])
             gains = pooled_gain(node_f[pools], counts, self.max_nodes)  # [E, S, K]
-            total, seen = 0.0, 0.0
-            for gain, (_, count, reached) in zip(gains, drafts):
-                weight = reached.double() * count  # [S]
-                total, seen = total + gain * weight.unsqueeze(1), seen + weight
-            sums[key] = (total, seen)
+            weights = torch.stack([reached for _, _, reached in drafts]).double()
+            weights = weights * counts.unsqueeze(1)  # [E, S]
+            # Summed draft after draft (cumsum's order, the same sums as one at a time).
+            total = (gains * weights.unsqueeze(2)).cumsum(0)[-1]
+            sums[key] = (total, weights.cumsum(0)[-1])
         total, seen = sums.pop(_ALL)
         reached = seen > 0
         table = _mean_table(total, seen)
