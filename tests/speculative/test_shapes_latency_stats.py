@@ -9,6 +9,7 @@ import torch
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.latency import LinearLatency, VerifyLatency
 from sgl_adaspec.speculative.shapes import (
+    beams_of_widths,
     chain_positions,
     chain_prefix_mask,
     restrict_to_shape,
@@ -36,6 +37,37 @@ def test_per_request_depth_limits_each_tree():
 def test_depth_zero_keeps_nothing():
     kept = restrict_to_shape(two_trees(), torch.tensor([0, 0]), width=4).valid
     assert not kept.any()
+
+
+def test_beams_of_several_widths_at_once_are_each_width_s_own_beam():
+    # Request 0 at width 1: 0 -> 2 -> 4 (the best chain); at width 2 its level 2 keeps 2 and 3
+    # (children of 0 and 1), level 3 keeps 4. Request 1: width 1 drops node 2 (0.4 < 0.5).
+    beams = beams_of_widths(two_trees(), 3, (1, 2))
+    assert beams[0].tolist() == [
+        [True, False, True, False, True, False],
+        [True, True, False, False, False, False],
+    ]
+    assert beams[1].tolist() == [
+        [True, True, True, True, True, False],
+        [True, True, True, False, False, False],
+    ]
+    # Random beam-shaped trees: the batched beams equal one width at a time.
+    torch.manual_seed(0)
+    n, d, w = 5, 4, 3
+    parents = torch.full((n, d * w), -1)
+    for level in range(1, d):
+        parents[:, level * w : (level + 1) * w] = (level - 1) * w + torch.randint(0, w, (n, w))
+    step = torch.rand(n, d * w)
+    path_prob = step.clone()
+    for i in range(w, d * w):
+        path_prob[:, i] = path_prob.gather(1, parents[:, i : i + 1]).squeeze(1) * step[:, i]
+    valid = torch.ones(n, d * w, dtype=torch.bool)
+    cands = Candidates(torch.zeros(n, d * w, dtype=torch.long), parents, path_prob, valid)
+    for depth in (2, torch.tensor([0, 1, 2, 3, 4])):
+        beams = beams_of_widths(cands, depth, (1, 2, 3))
+        for i, width in enumerate((1, 2, 3)):
+            assert torch.equal(beams[i], restrict_to_shape(cands, depth, width).valid)
+            assert int(beams[i].sum(1).max()) <= width * 4
 
 
 def test_chain_positions_give_nodes_and_conditional_probabilities():
