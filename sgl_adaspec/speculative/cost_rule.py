@@ -183,7 +183,7 @@ class ShapeGain:
         drafted = [flat_f for flat_f, _, _ in self._drafts]
         starts = [0, *itertools.accumulate(len(flat_f) for flat_f in drafted)]
         node_f = calibrate(torch.cat(drafted))
-        pooled: dict = {}  # per group: its (pool, rows, reached shapes) in each draft
+        pooled: dict = {}  # per group: its (pool, row count, reached shapes) per draft
         for (_, pools, reached), start in zip(self._drafts, starts):
             for key, (pool, count) in pools.items():
                 pooled.setdefault(key, []).append((pool + start, count, reached))
