@@ -695,6 +695,26 @@ def test_adaserve_does_not_price_a_plain_decode_by_its_warm_up():
     assert policy.plain_latency.predict((1, 10)) == pytest.approx(10.0)
 
 
+def test_the_servers_first_speculative_iteration_prices_nothing():
+    """Its time holds one-off set-up (`Outcome.warm_up`): neither the verify nor the draft
+    cost model learns it; the next speculative iteration prices both."""
+    policy = AdaservePolicy(AdaserveConfig())
+    it = iteration_input(beam([[[0.9], [0.8]]]), 2)
+    for warm_up, verify_ms, iteration_ms in ((True, 90.0, 300.0), (False, 10.0, 30.0)):
+        outcome = make_outcome(
+            it, policy.decide(it), rids=("r0",), context_tokens=100,
+            accepted=torch.tensor([3]), verify_ms=verify_ms, iteration_ms=iteration_ms,
+            warm_up=warm_up,
+        )  # fmt: skip
+        assert outcome.speculated and outcome.warm_up == warm_up
+        policy.observe(outcome)
+        priced = int(not warm_up)
+        assert policy.verify_latency.num_observations == priced
+        assert policy.draft_latency.num_observations == priced
+    assert policy.verify_latency.predict((3, 100)) == pytest.approx(10.0)
+    assert policy.draft_latency.predict((2, 2)) == pytest.approx(20.0)  # 30 - the verify's 10
+
+
 def test_adaserve_plain_outcome_is_counted_apart():
     policy = AdaservePolicy(AdaserveConfig())
     feed(policy, verify_ms=90.0, iteration_ms=99.0, accepted=1)  # a warm-up, not learned

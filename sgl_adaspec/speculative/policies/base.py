@@ -115,7 +115,12 @@ class Outcome:
     - draft_kept: a plain iteration kept the draft's state (its extend ran: `keep_draft_warm`);
       one that did not leaves the next draft stale;
     - stall_ms: wall time since the previous decode iteration that requests of both spent
-      waiting on other forwards (prefills): part of their TPOT no decode iteration shows."""
+      waiting on other forwards (prefills): part of their TPOT no decode iteration shows;
+    - warm_up: the server's first speculative iteration. Its time includes one-off set-up
+      (the draft's first forwards, the first calls of the tree and selection ops), so it
+      prices nothing. On the tiny bigram pair it took 1.5-1.6x a steady one in three of four
+      fresh servers; priced, it was one of the draft cost model's first two points, and the
+      first plan could stand down for the rest of a run (docs/results.md)."""
 
     rids: tuple[str, ...]
     verified: torch.Tensor
@@ -134,6 +139,7 @@ class Outcome:
     after_prefill: bool = False
     draft_kept: bool = True
     stall_ms: float = 0.0
+    warm_up: bool = False
 
     @property
     def speculated(self) -> bool:
@@ -154,10 +160,12 @@ def make_outcome(
     after_prefill: bool = False,
     draft_kept: bool = False,
     stall_ms: float = 0.0,
+    warm_up: bool = False,
 ) -> Outcome:
     """The outcome of an iteration that ran `decision` on `it` (both None: no speculation;
-    `draft_kept`: that plain iteration kept the draft's state). deepest_accepted [B] int64:
-    each request's deepest accepted candidate node (-1: none), or None when unknown."""
+    `draft_kept`: that plain iteration kept the draft's state; `warm_up`: this speculative
+    one was the server's first). deepest_accepted [B] int64: each request's deepest accepted
+    candidate node (-1: none), or None when unknown."""
     if decision is None or it is None:
         ones = torch.ones(len(rids), dtype=torch.long)
         return Outcome(
@@ -186,6 +194,7 @@ def make_outcome(
         early_exit=early_exit,
         after_prefill=after_prefill,
         stall_ms=stall_ms,
+        warm_up=warm_up,
     )
 
 
@@ -243,7 +252,10 @@ class PolicyBase:
         verified_tokens = int(outcome.verified.sum())
         self._decode_ms_sum = STALL_DECAY * self._decode_ms_sum + outcome.iteration_ms
         self._stall_ms_sum = STALL_DECAY * self._stall_ms_sum + outcome.stall_ms
-        self.observe_verify(outcome.verify_ms, verified_tokens, outcome.context_tokens)
+        priced = not outcome.warm_up
+        self.observe_verify(
+            outcome.verify_ms, verified_tokens, outcome.context_tokens, priced=priced
+        )
         if outcome.early_exit is not None:
             self.observe_early_exit(*outcome.early_exit)
         if outcome.accepted is not None:
@@ -266,8 +278,9 @@ class PolicyBase:
                 )  # fmt: skip
         if outcome.speculated:
             self.observe_iteration(
-                outcome.iteration_ms, outcome.draft_steps, len(outcome.rids), outcome.draft_width
-            )
+                outcome.iteration_ms, outcome.draft_steps, len(outcome.rids), outcome.draft_width,
+                priced=priced,
+            )  # fmt: skip
         else:
             # A plain decode's price is a plain decode's among plain ones of the same batch: the
             # first after a prefill or after speculation also pays SGLang's switch (2-3x a
@@ -327,24 +340,35 @@ class PolicyBase:
         return new if old is None else (1 - alpha) * old + alpha * new
 
     def observe_verify(
-        self, latency_ms: float, verified_tokens: int = 0, context_tokens: int = 0
+        self,
+        latency_ms: float,
+        verified_tokens: int = 0,
+        context_tokens: int = 0,
+        priced: bool = True,
     ) -> None:
+        """The verify pass's latency; `priced=False` keeps it out of the cost model (a
+        warm-up: `observe`)."""
         self.verify_ms = self._smooth(self.verify_ms, latency_ms)
         self._last_verify_ms = latency_ms
-        if verified_tokens > 0:
+        if verified_tokens > 0 and priced:
             self._last_verified_tokens = verified_tokens
             self.verify_latency.observe((verified_tokens, context_tokens), latency_ms)
         self.stats.baseline_tpot_ms = self.baseline_tpot_ms()
 
     def observe_iteration(
-        self, latency_ms: float, draft_steps: int = 0, num_requests: int = 1, draft_width: int = 1
+        self,
+        latency_ms: float,
+        draft_steps: int = 0,
+        num_requests: int = 1,
+        draft_width: int = 1,
+        priced: bool = True,
     ) -> None:
         """Wall time of one speculative iteration; with the verify pass just observed, what
         remains is the draft's share: `draft_steps` steps of a `draft_width` beam for
-        `num_requests` requests."""
+        `num_requests` requests (kept out of the draft cost model with `priced=False`)."""
         self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
         self.stats.t_spec_ms = self.t_spec_ms
-        if draft_steps > 0 and self._last_verify_ms is not None:
+        if draft_steps > 0 and self._last_verify_ms is not None and priced:
             rest_ms = max(latency_ms - self._last_verify_ms, 0.0)
             self.draft_step_ms = self._smooth(self.draft_step_ms, rest_ms / draft_steps)
             rows = draft_rows(draft_steps, draft_width, num_requests)

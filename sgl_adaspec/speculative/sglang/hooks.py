@@ -113,7 +113,10 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         rows = (depth - 1) * num_requests * width
         policy.stats.observe_draft(depth, width, rows, replayed=not scope.draft_forward_ran)
     if scope.verify_ms is not None:
-        policy.observe(_outcome(batch, scope, iteration_ms, after_prefill, warm, stall_ms))
+        warm_up = scope.decision is not None and not clock.speculated
+        clock.speculated = clock.speculated or warm_up
+        outcome = _outcome(batch, scope, iteration_ms, after_prefill, warm, stall_ms, warm_up)
+        policy.observe(outcome)
     report_to_dispatcher(policy)
     return result
 
@@ -133,6 +136,7 @@ def _outcome(
     after_prefill: bool,
     draft_kept: bool,
     stall_ms: float,
+    warm_up: bool,
 ) -> Outcome:
     reqs = batch.reqs
     context_tokens = sum(len(req.origin_input_ids) + len(req.output_ids) for req in reqs)
@@ -149,6 +153,7 @@ def _outcome(
         after_prefill=after_prefill,
         draft_kept=draft_kept,
         stall_ms=stall_ms,
+        warm_up=warm_up,
     )
 
 

@@ -37,6 +37,8 @@ class LoopClock:
     # and the requests of the last decode iteration: those still running waited for them.
     interrupted_s: float | None = None
     last_decode_rids: frozenset = frozenset()
+    # Whether a speculative iteration has been timed: the first pays one-off set-up.
+    speculated: bool = False
 
     def now(self) -> float:
         """The plugin's clock in seconds: every duration it measures is read here."""
