@@ -574,6 +574,42 @@ def speculating_policy(config: AdaserveConfig) -> AdaservePolicy:
     return policy
 
 
+def observe_drafts(policy, requests: int, drafts) -> None:
+    """Speculative iterations of `requests` requests whose every beam node has f = 0.5, each
+    (steps, width, draft ms) with a 10 ms verify that accepted every node of the chain."""
+    for steps, width, draft_ms in drafts:
+        beams = beam([[[0.5] * width] * steps] * requests)
+        it = iteration_input(beams, steps, width, context_len=10)
+        policy.observe(
+            make_outcome(
+                it, policy.decide(it), rids=it.rids, context_tokens=10 * requests,
+                accepted=torch.full((requests,), steps + 1), verify_ms=10.0,
+                iteration_ms=10.0 + draft_ms,
+            )
+        )  # fmt: skip
+
+
+def test_adaserve_measures_the_draft_at_a_new_load_where_its_extrapolation_decides():
+    """Drafted at one request alone, a 4 x 2 beam (7 rows) and a depth-1 chain (1 row) put the
+    draft's steps and rows on one line, and the fit credits the rows: at 8 requests it prices
+    the 4 x 2 beam (56 rows) at ~122 ms where a step costs what it cost at one request (30 ms
+    in all), and the plan stands down. Priced as at one request the beam would pay, so a probe
+    measures it there, outside the probes' backoff; measured, the plan speculates."""
+    policy = AdaservePolicy(AdaserveConfig())
+    policy.verify_latency.seed([((1, 10), 10.0), ((40, 80), 12.0)])
+    policy.plain_latency.seed([((1, 10), 10.0), ((8, 80), 12.0)])
+    observe_drafts(policy, 1, [(4, 2, 30.0), (1, 1, 10.0)] * 2)
+    assert policy.draft_latency.predict((4, 56)) > 100.0
+    eight = slo([math.nan] * 8)
+    assert policy._cost_plan(eight).depth == 0
+    assert [drafted(policy, 8, 4, 2, eight) for _ in range(2)] == [(4, 2)] * 2
+    assert policy.stats.speculation_reasons == {"probe": 2}
+    assert policy._probe_every == policy.config.probe_interval  # no backoff
+    observe_drafts(policy, 8, [(4, 2, 30.0)])
+    assert drafted(policy, 8, 4, 2, eight)[0] > 0
+    assert policy.stats.speculation_reasons["planned"] == 1
+
+
 def test_adaserve_explores_the_full_shape_and_a_one_step_chain():
     policy = speculating_policy(AdaserveConfig(explore_interval=3))
     shapes = [drafted(policy, 1, 4, 2, slo([math.nan])) for _ in range(6)]

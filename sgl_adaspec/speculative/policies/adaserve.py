@@ -210,6 +210,8 @@ class AdaservePolicy(PolicyBase):
     # Loads (`load_bucket`s) that plain_latency holds a measurement at: a cache of its rows,
     # refreshed on a miss.
     _plain_loads: set = field(default_factory=set, repr=False)
+    # Per `load_bucket`, a load a priced draft ran at (`_speculates_against_draft_floor`).
+    _draft_loads: dict = field(default_factory=dict, repr=False)
     _explores: int = field(default=0, repr=False)
     _blind_prefills: int = field(default=0, repr=False)  # prefills asked while it would skip
     # The last plan and what it was computed from (see `_cost_plan`).
@@ -267,14 +269,18 @@ class AdaservePolicy(PolicyBase):
         if planned is not None and planned.depth == 0:
             due = self._plain_run >= self._probe_every
             affordable = due and self._can_afford_probe(slo, planned, full)
-            if self._probe_left == 0 and not affordable:
+            # What the draft costs at this load is measured where it could change the plan,
+            # as a plain decode's is: a probe, outside the backoff.
+            measure = self._probe_left == 0 and self._speculates_against_draft_floor(slo)
+            if self._probe_left == 0 and not (affordable or measure):
                 self._report(planned, num_requests)
                 return self._plain(topk)
             if self._probe_left == 0:  # a probe: a cold draft, then a measured one
                 self._probe_left = 2
-                self._probe_every = min(
-                    2 * self._probe_every, PROBE_BACKOFF * self.config.probe_interval
-                )
+                if not measure:
+                    self._probe_every = min(
+                        2 * self._probe_every, PROBE_BACKOFF * self.config.probe_interval
+                    )
         elif planned is not None and self._probe_left == 0:
             self._since_planned = 0
             self._since_plain += 1
@@ -421,6 +427,8 @@ class AdaservePolicy(PolicyBase):
         planned, self._running_plan = self._running_plan, None
         if outcome.speculated:  # what a draft returned may end a stand-down now
             self._standing_down = None
+            if not outcome.warm_up:
+                self._draft_loads[load_bucket(self._last_load)] = self._last_load
         if (
             planned is not None
             and outcome.speculated
@@ -513,6 +521,24 @@ class AdaservePolicy(PolicyBase):
             return True
         return self._cost_plan(slo, floor).depth > 0
 
+    def _speculates_against_draft_floor(self, slo: SloBatch) -> bool:
+        """Whether, at a load whose draft cost was never measured (within 2x) but a lower
+        load's was, the plan would speculate if the draft cost no more than at the highest
+        lower load measured. The draft model's slopes in draft steps and in draft rows
+        cannot be told apart from drafts of the few shapes one load runs (at one request
+        the rows of a 4 x 2 beam and a depth-1 chain lie on one line with the steps), and a
+        fit that credits the rows extrapolates a draft that costs per step alone: on the
+        tiny bigram pair, fitted at one request, ~2x its cost at 4 requests and ~3x at 8.
+        The plan then stood down there, where static EAGLE ran faster than no speculation,
+        while probes (backed off, and waiting for every request's slack) came rarely."""
+        n = slo.num_requests
+        bucket = load_bucket(n)
+        lower = [load for b, load in self._draft_loads.items() if b < bucket]
+        if bucket in self._draft_loads or not lower:
+            return False
+        floor = self._cost_plan(slo, draft_scale=max(lower) / n)
+        return floor is not None and floor.depth > 0
+
     def _plain_measured_at(self, num_requests: int) -> bool:
         bucket = load_bucket(num_requests)
         if bucket not in self._plain_loads:
@@ -547,9 +573,10 @@ class AdaservePolicy(PolicyBase):
             report.update(depth=shape[0], width=shape[1])
         self.stats.last_plan = report
 
-    def _cost_plan(self, slo: SloBatch, plain_ms: float | None = None):
+    def _cost_plan(self, slo: SloBatch, plain_ms: float | None = None, draft_scale: float = 1.0):
         """The cost model's plan for the next draft (None until it has measurements), against
-        a plain decode at `plain_ms` (None: the fitted price at this load). Reused while what
+        a plain decode at `plain_ms` (None: the fitted price at this load), with the draft
+        priced at `draft_scale` times its rows (1: as fitted). Reused while what
         it is for stands (the batch's SLOs and blind requests, the context within ~41 %, the
         plain price within 5 %, the margin, the pace, each model's observations within 2x)
         for up to `PLAN_REUSE` iterations, whatever the models learned meanwhile, as the
@@ -568,10 +595,11 @@ class AdaservePolicy(PolicyBase):
             None if slo.draft_blind is None else tuple(slo.draft_blind.tolist()),
         )
         fitted_price = plain_ms is None
+        batch_plan = fitted_price and draft_scale == 1.0  # not a bound's
         standing = self._standing_down
         # A price measured at a new load is news, not a refit: it ends a stand-down.
         stand_key = (batch, len(self._plain_loads))
-        if fitted_price and standing and standing[0] == stand_key and standing[2] < PLAN_REUSE:
+        if batch_plan and standing and standing[0] == stand_key and standing[2] < PLAN_REUSE:
             self._standing_down = (stand_key, standing[1], standing[2] + 1)
             return standing[1]
         if fitted_price:
@@ -589,35 +617,40 @@ class AdaservePolicy(PolicyBase):
             tuple(int(math.log2(1 + model.num_observations)) for model in models),
             int(2 * math.log2(1 + self._context_tokens)),
             batch, margin, None if not plain_ms else round(20 * math.log(plain_ms)), pace,
+            draft_scale,
         )  # fmt: skip
         cached_plan, uses = self._plan_cache.get(key, (None, PLAN_REUSE))
         if uses < PLAN_REUSE:
             self._plan_cache[key] = (cached_plan, uses + 1)
-            return self._note_standing(stand_key, fitted_price, cached_plan)
+            return self._note_standing(stand_key, batch_plan, cached_plan)
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
         versions = (self.gain.version, self.acceptance.version)
         if self._refreshed_for != versions:
             self._refreshed_for = versions
             self.gain.refresh(self.acceptance.apply)
+
+        def draft_ms(steps, rows):
+            return self.draft_latency.predict_tensor(steps, rows * draft_scale)
+
         planned = plan_shape(
             slo=slo,
             context_tokens=self._context_tokens,
             gain=self.gain,
             verify_ms=verify.predict_tensor,
-            draft_ms=self.draft_latency.predict_tensor,
+            draft_ms=draft_ms,
             plain_ms=plain_ms or 0.0,
             margin=margin,
             wall_per_decode=pace,
         )
-        if len(self._plan_cache) >= 2:  # the plan and the one against the plain floor
+        if len(self._plan_cache) >= 2:  # the plan and one against a floor
             del self._plan_cache[next(iter(self._plan_cache))]
         self._plan_cache[key] = (planned, 1)
-        return self._note_standing(stand_key, fitted_price, planned)
+        return self._note_standing(stand_key, batch_plan, planned)
 
-    def _note_standing(self, stand_key: tuple, fitted_price: bool, planned):
-        """`planned`, kept for reuse on its batch where it stands down against the fitted plain
-        price (a plan against a given price, the floor's, is not the batch's plan)."""
-        if fitted_price:
+    def _note_standing(self, stand_key: tuple, batch_plan: bool, planned):
+        """`planned`, kept for reuse on its batch where it stands down against the fitted
+        prices (a plan against a floor's is not the batch's plan)."""
+        if batch_plan:
             standing = planned is not None and planned.depth == 0
             self._standing_down = (stand_key, planned, 1) if standing else None
         return planned
