@@ -74,6 +74,9 @@ class SpecStats:
     # Drafts that first computed the top-k a warm plain iteration's extend left to them
     # (`sglang.deferred_topk`).
     deferred_topk_drafts: int = 0
+    # Wall times of the server's first speculative iterations, ms: the first pays one-off
+    # set-up and prices nothing (`Outcome.warm_up`); the others show what a steady one takes.
+    first_speculative_ms: list[float] = field(default_factory=list)
     # Accepted draft tokens per verify (bonus excluded): predicted by the raw path
     # probabilities, by the calibrated ones, and observed; decayed sums (weight 0.98 per
     # iteration), so the ratios describe the recent past, after warm-up.
@@ -200,6 +203,7 @@ class SpecStats:
             "speculation_reasons": dict(sorted(self.speculation_reasons.items())),
             "blind_prefills": self.blind_prefills,
             "deferred_topk_drafts": self.deferred_topk_drafts,
+            "first_speculative_iteration_ms": [round(ms, 3) for ms in self.first_speculative_ms],
             # predicted / observed accepted draft tokens; 1.0 = calibrated (None: no data yet).
             "acceptance_predicted_over_observed": _ratio(
                 self.predicted_raw, self.observed_accepted

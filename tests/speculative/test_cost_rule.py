@@ -749,6 +749,8 @@ def test_the_servers_first_speculative_iteration_prices_nothing():
         assert policy.draft_latency.num_observations == priced
     assert policy.verify_latency.predict((3, 100)) == pytest.approx(10.0)
     assert policy.draft_latency.predict((2, 2)) == pytest.approx(20.0)  # 30 - the verify's 10
+    # /server_info shows both iterations' wall times.
+    assert policy.stats.as_dict()["first_speculative_iteration_ms"] == [300.0, 30.0]
 
 
 def test_adaserve_plain_outcome_is_counted_apart():

@@ -39,6 +39,9 @@ from sgl_adaspec.speculative.stats import SpecStats
 MAX_PLAIN_UNFITTED = 3
 # Weight of the past, per iteration, in the decayed sums behind `wall_per_decode`.
 STALL_DECAY = 0.99
+# The server's first speculative iterations whose wall times /server_info shows (the first is
+# a warm-up: `Outcome.warm_up`).
+FIRST_SPECULATIVE_REPORTED = 4
 
 
 @dataclass(frozen=True)
@@ -116,11 +119,11 @@ class Outcome:
       one that did not leaves the next draft stale;
     - stall_ms: wall time since the previous decode iteration that requests of both spent
       waiting on other forwards (prefills): part of their TPOT no decode iteration shows;
-    - warm_up: the server's first speculative iteration. Its time includes one-off set-up
-      (the draft's first forwards, the first calls of the tree and selection ops), so it
-      prices nothing. On the tiny bigram pair it took 1.5-1.6x a steady one in three of four
-      fresh servers; priced, it was one of the draft cost model's first two points, and the
-      first plan could stand down for the rest of a run (docs/results.md)."""
+    - warm_up: the server's first speculative iteration. Its time may include one-off
+      set-up (the draft's first forwards, the first calls of the tree and selection ops), so
+      it prices nothing: on the tiny bigram pair it took 0.65-1.8x the next ones in fresh
+      servers (`benchmarks/fresh_servers.py`), and priced it was one of the draft cost
+      model's first two points, which the first plan rests on (docs/results.md)."""
 
     rids: tuple[str, ...]
     verified: torch.Tensor
@@ -277,6 +280,8 @@ class PolicyBase:
                     outcome.depth, outcome.width,
                 )  # fmt: skip
         if outcome.speculated:
+            if len(self.stats.first_speculative_ms) < FIRST_SPECULATIVE_REPORTED:
+                self.stats.first_speculative_ms.append(outcome.iteration_ms)
             self.observe_iteration(
                 outcome.iteration_ms, outcome.draft_steps, len(outcome.rids), outcome.draft_width,
                 priced=priced,
