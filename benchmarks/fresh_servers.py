@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         warm_up = first[0] / statistics.median(first[1:]) if len(first) > 1 else None
         stood_down = plain > speculative
         standing_down += stood_down
-        plan = {key: stats["last_plan"].get(key) for key in PLAN_FIELDS}
+        plan = {key: (stats["last_plan"] or {}).get(key) for key in PLAN_FIELDS}
         print(
             f"server {index + 1}/{args.servers}: {speculative} speculative iterations "
             f"({stats['speculation_reasons']}), {plain} plain"
