@@ -424,15 +424,8 @@ class FaserPolicy(PolicyBase):
             length = self._chosen.pop(rid, int(num_verified) - 1)
             self._pending.append((rid, length, max(float(num_accepted) - 1.0, 0.0), bsz))
 
-    def observe_iteration(
-        self,
-        latency_ms: float,
-        draft_steps: int = 0,
-        num_requests: int = 1,
-        draft_width: int = 1,
-        priced: bool = True,
-    ) -> None:
-        super().observe_iteration(latency_ms, draft_steps, num_requests, draft_width, priced)
+    def observe_iteration(self, latency_ms: float, *args, **kwargs) -> None:
+        super().observe_iteration(latency_ms, *args, **kwargs)
         self._flush(latency_ms)
 
     def _flush(self, latency_ms: float | None) -> None:
