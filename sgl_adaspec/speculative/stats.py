@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 # stands down those first verifies weigh on a decayed ratio for its whole run (SmolLM2 on the
 # CPU, ~22 speculative iterations a run: 1.153 in one run of three).
 CALIBRATION_WARMUP_TRIALS = 256
+# The server's first speculative iterations whose wall times /server_info shows (the first is
+# a warm-up: `Outcome.warm_up`).
+FIRST_SPECULATIVE_REPORTED = 4
 
 
 @dataclass
@@ -162,6 +165,11 @@ class SpecStats:
         stats.met += met
         for sink in self.sinks:
             sink.observe_finished(slo_class, tpot_ms, met)
+
+    def observe_speculative_ms(self, iteration_ms: float) -> None:
+        """A speculative iteration's wall time: the first `FIRST_SPECULATIVE_REPORTED` are kept."""
+        if len(self.first_speculative_ms) < FIRST_SPECULATIVE_REPORTED:
+            self.first_speculative_ms.append(iteration_ms)
 
     def as_dict(self) -> dict:
         per_verify = self.request_iterations or None

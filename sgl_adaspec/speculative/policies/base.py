@@ -39,9 +39,6 @@ from sgl_adaspec.speculative.stats import SpecStats
 MAX_PLAIN_UNFITTED = 3
 # Weight of the past, per iteration, in the decayed sums behind `wall_per_decode`.
 STALL_DECAY = 0.99
-# The server's first speculative iterations whose wall times /server_info shows (the first is
-# a warm-up: `Outcome.warm_up`).
-FIRST_SPECULATIVE_REPORTED = 4
 
 
 @dataclass(frozen=True)
@@ -280,8 +277,7 @@ class PolicyBase:
                     outcome.depth, outcome.width,
                 )  # fmt: skip
         if outcome.speculated:
-            if len(self.stats.first_speculative_ms) < FIRST_SPECULATIVE_REPORTED:
-                self.stats.first_speculative_ms.append(outcome.iteration_ms)
+            self.stats.observe_speculative_ms(outcome.iteration_ms)
             self.observe_iteration(
                 outcome.iteration_ms, outcome.draft_steps, len(outcome.rids), outcome.draft_width,
                 priced=priced,
