@@ -122,10 +122,10 @@ class ShapeGain:
     def observe(
         self, cands: Candidates, depth: int, width: int, groups: list[float | None] | None = None
     ) -> None:
-        """cands: a draft's candidate trees from a beam search of `depth` x `width`; groups [B]:
-        the requests' `slo_group_keys` (None: one group). A request whose every candidate
-        reads f = 0 (blind to the draft: `PolicyBase.draft_prefills`) shows nothing of what a
-        shape returns and is left out."""
+        """cands: a draft's candidate trees, a beam of `depth` x `width` (`restrict_to_shape`);
+        groups [B]: the requests' `slo_group_keys` (None: one group). A request whose every
+        candidate reads f = 0 (blind to the draft: `PolicyBase.draft_prefills`) shows nothing
+        of what a shape returns and is left out."""
         seen = (cands.path_prob > 0).any(dim=1).cpu()  # [B]
         if not bool(seen.any()):
             return
@@ -144,7 +144,7 @@ class ShapeGain:
         depth_limit = torch.arange(1, depth + 1, device=f.device).view(-1, 1, 1)  # [D, 1, 1]
         offsets = (torch.arange(bsz) * nodes).view(1, -1, 1)
         widths = tuple(w for w in draft_widths(self.max_width) if w <= width)
-        beams = beams_of_widths(cands, depth, widths).unsqueeze(1)  # [W, 1, B, N]
+        beams = _beams_within(cands, depth, width, widths).unsqueeze(1)  # [W, 1, B, N]
         kept = torch.where((cands.depth.unsqueeze(0) <= depth_limit) & beams, f, 0.0)
         top = torch.sort(kept, dim=3, descending=True)  # [W, D, B, N]
         values, indices = top.values[..., :k].cpu(), top.indices[..., :k].cpu() + offsets
@@ -220,6 +220,21 @@ class ShapeGain:
             }
             reached = reached | self.reached
         self.table, self.reached, self.groups = table, reached, groups
+
+
+def _beams_within(
+    cands: Candidates, depth: int, width: int, widths: tuple[int, ...]
+) -> torch.Tensor:
+    """`beams_of_widths(cands, depth, widths)` [W, B, N] for candidates that are already a
+    depth x width beam (`restrict_to_shape`): at `width` itself the beam is the candidates,
+    so only the narrower widths are searched (none for a chain, the usual planned draft)."""
+    if widths and widths[-1] == width:
+        narrower = widths[:-1]
+        whole = cands.valid.unsqueeze(0)
+        if not narrower:
+            return whole
+        return torch.cat([beams_of_widths(cands, depth, narrower), whole])
+    return beams_of_widths(cands, depth, widths)
 
 
 def pooled_gain(pool: torch.Tensor, requests: torch.Tensor, nodes: int) -> torch.Tensor:

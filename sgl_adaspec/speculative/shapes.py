@@ -16,7 +16,7 @@ def restrict_to_shape(cands: Candidates, depth: int | torch.Tensor, width: int) 
     nothing). width 1 keeps each request's most probable chain. Returns the same trees with
     `valid` narrowed [B, N]."""
     kept = beams_of_widths(cands, depth, (width,))[0]
-    return Candidates(cands.tokens, cands.parents, cands.path_prob, kept)
+    return cands.derived(valid=kept)  # a beam keeps every kept node's parent
 
 
 def beams_of_widths(

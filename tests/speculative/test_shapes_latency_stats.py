@@ -68,6 +68,13 @@ def test_beams_of_several_widths_at_once_are_each_width_s_own_beam():
         for i, width in enumerate((1, 2, 3)):
             assert torch.equal(beams[i], restrict_to_shape(cands, depth, width).valid)
             assert int(beams[i].sum(1).max()) <= width * 4
+    # A beam searched again at its own shape is itself (the gain table skips that search),
+    # and a narrowed tree keeps the checked tree's depths.
+    for width in (1, 2, 3):
+        shaped = restrict_to_shape(cands, 3, width)
+        assert torch.equal(beams_of_widths(shaped, 3, (width,))[0], shaped.valid)
+        checked = Candidates(shaped.tokens, shaped.parents, shaped.path_prob, shaped.valid)
+        assert torch.equal(shaped.depth, checked.depth)
 
 
 def test_chain_positions_give_nodes_and_conditional_probabilities():
