@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -28,6 +29,9 @@ class LinearLatency:
     plain decode of a small model cannot afford each iteration.
 
     `version` counts fits, so a caller can reuse what it derived from the last one."""
+
+    # Whether the slopes left are fitted again when one is held at 0 (`_fit_many`).
+    refit_held_slopes: ClassVar[bool] = True
 
     num_features: int
     window: int = 256
@@ -101,14 +105,32 @@ class LinearLatency:
 
     def _fit_many(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x [..., M, F] features (one fit per leading index), y [M] latencies -> [..., F + 1]
-        slopes (clamped >= 0), intercept."""
+        slopes (>= 0), intercept. A slope the least-squares fit makes negative is held at 0
+        and, where `refit_held_slopes`, the others are fitted again without it (an active set,
+        at most F rounds): held at 0 without that refit, the other slopes keep what they had
+        taken on against it. On the
+        bigram pair, a host slowing mid-run made 4-step drafts of fewer rows measure dearer
+        than wider ones; the rows slope came out negative, and clamped alone it left 6.5 ms
+        per draft step with a -5 ms intercept, so a 1-step draft priced at 1.6 ms (measured:
+        ~11) and the plan ran 1-step drafts that delivered half their promise until it stood
+        down (ad hoc trace, 2026-12-02)."""
         scale = x.abs().amax(dim=-2, keepdim=True).clamp(min=1.0)  # [..., 1, F]: conditioning
         ones = torch.ones_like(x[..., :1])
         xs = torch.cat([x / scale, ones], dim=-1)  # [..., M, F + 1]
         penalty = torch.full((self.num_features + 1,), self.ridge, dtype=torch.float64)
         penalty[-1] = 0.0
-        gram = xs.mT @ xs + torch.diag(penalty) * len(y)
-        coef = torch.linalg.lstsq(gram, xs.mT @ y.unsqueeze(-1)).solution.squeeze(-1)
+        rhs = y.unsqueeze(-1)
+        free = torch.ones_like(xs[..., :1, :], dtype=torch.bool)  # [..., 1, F + 1]
+        rounds = self.num_features + 1 if self.refit_held_slopes else 1
+        for _ in range(rounds):
+            # A held feature's column reads 0, so the ridge holds its weight at 0.
+            held = xs * free
+            gram = held.mT @ held + torch.diag(penalty) * len(y)
+            coef = torch.linalg.lstsq(gram, held.mT @ rhs).solution.squeeze(-1)
+            negative = torch.nn.functional.pad(coef[..., :-1] < 0, (0, 1)).unsqueeze(-2)
+            if not bool(negative.any()):
+                break
+            free = free & ~negative
         slopes = (coef[..., :-1] / scale.squeeze(-2)).clamp(min=0.0)
         # Refit the intercept for the clamped slopes so the mean is still matched.
         intercept = (y - (x @ slopes.unsqueeze(-1)).squeeze(-1)).mean(dim=-1)
@@ -154,6 +176,14 @@ class VerifyLatency(LinearLatency):
     the knee cuts its squared error by a fifth (`KNEE_GAIN`). Callers pass (T, context);
     with_context=False leaves the context out of the fit (the window then follows it as it
     drifts)."""
+
+    # A GPU's convex cost draws a negative log-term slope (simulator, a100 rate 8: 52 of 69
+    # fits). Clamped alone, it leaves the token slope fitted beside it, a line steeper than
+    # the least-squares one through the points' mean, which prices big verifies dearer and
+    # small ones cheaper. Refitting the slopes left cost the simulator 0.3-1.1 points of
+    # attainment at a100 rate 8 (3 + 10 + 10 seeds) and 0.1-0.3 at h100-llama8b rates 40
+    # and 48; not studied further, so the verify fits keep the clamp (2026-12-02).
+    refit_held_slopes: ClassVar[bool] = False
 
     num_features: int = 3
     with_context: bool = True

@@ -111,6 +111,24 @@ def test_linear_latency_never_predicts_cheaper_for_more_tokens():
     assert model.predict((64,)) == pytest.approx(9.5)
 
 
+def test_linear_latency_refits_the_other_slopes_when_one_would_be_negative():
+    # What a bigram-pair server measured besides the verify, per draft (steps, rows), while
+    # the host slowed down: 4-step drafts of 56 rows, then one of 32 rows (a chain) measured
+    # dearer, and one 1-step draft. Clamping the negative rows slope alone left 6.5 ms per
+    # step and a -5 ms intercept: the 1-step draft priced at 1.6 ms.
+    wide = [17.9, 17.9, 17.2, 19.3, 20.4, 20.6, 13.6, 17.8, 20.7, 17.4, 20.4, 16.2, 21.4, 12.6]
+    wide += [38.7, 16.8, 18.8, 19.9, 24.1, 24.7, 22.8, 30.9]
+    model = LinearLatency(num_features=2)
+    for ms in wide:
+        model.observe((4, 56), ms)
+    model.observe((1, 8), 10.6)
+    model.observe((4, 32), 28.1)
+    steps_slope, rows_slope, intercept = model.coefficients().tolist()
+    assert rows_slope == 0.0 and steps_slope > 0 and intercept > 0
+    assert model.predict((1, 8)) == pytest.approx(10.6, abs=1.0)
+    assert model.predict((4, 56)) == pytest.approx(sum(wide + [28.1]) / 23, abs=1.0)
+
+
 def test_linear_latency_trims_a_stalled_iteration():
     # A server's first speculative iteration (lazy set-up) took 1200 ms; the others 20 + 2 d.
     model = LinearLatency(num_features=1)
