@@ -108,12 +108,11 @@ class LinearLatency:
         slopes (>= 0), intercept. A slope the least-squares fit makes negative is held at 0
         and, where `refit_held_slopes`, the others are fitted again without it (an active set,
         at most F rounds): held at 0 without that refit, the other slopes keep what they had
-        taken on against it. On the
-        bigram pair, a host slowing mid-run made 4-step drafts of fewer rows measure dearer
-        than wider ones; the rows slope came out negative, and clamped alone it left 6.5 ms
-        per draft step with a -5 ms intercept, so a 1-step draft priced at 1.6 ms (measured:
-        ~11) and the plan ran 1-step drafts that delivered half their promise until it stood
-        down (ad hoc trace, 2026-12-02)."""
+        taken on against it. On the bigram pair, a host slowing mid-run made 4-step drafts of
+        fewer rows measure dearer than wider ones; the rows slope came out negative, and
+        clamped alone it left 6.5 ms per draft step with a -5 ms intercept, so a 1-step draft
+        priced at 1.6 ms (measured: ~11) and the plan ran 1-step drafts that delivered half
+        their promise until it stood down (ad hoc trace, 2026-12-02)."""
         scale = x.abs().amax(dim=-2, keepdim=True).clamp(min=1.0)  # [..., 1, F]: conditioning
         ones = torch.ones_like(x[..., :1])
         xs = torch.cat([x / scale, ones], dim=-1)  # [..., M, F + 1]
