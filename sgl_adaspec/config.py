@@ -55,6 +55,11 @@ def _check_positive(value: float, label: str) -> None:
         raise ConfigError(f"{label} must be > 0, got {value}")
 
 
+def _check_log_path(value: str | None, label: str) -> None:
+    if value is not None and not Path(value).expanduser().resolve().parent.is_dir():
+        raise ConfigError(f"{label}: the folder of {value!r} does not exist")
+
+
 _POLICY_HELP = "; ".join(f"{p.name}: {p.summary}" for p in POLICIES.values())
 
 
@@ -132,6 +137,14 @@ class AdaspecConfig:
         "met without costing the requests there theirs, from each replica's SLO state and "
         "latency model; off leaves it to SGLang's --load-balance-method (default: %(default)s).",
         choices=("off", "on"),
+    )
+    spec_decision_log: str | None = flag(
+        None,
+        "Append one JSON line per decode iteration to this file: the draft shape that ran, "
+        "what it verified, committed and took, and why the policy chose it (the plan, the "
+        "fits and the track record behind it; adaserve). Off by default.",
+        metavar="PATH",
+        check=_check_log_path,
     )
     # The chosen policy's config dataclass, holding its flags (None: its defaults; always None
     # for a policy without one, `static`). Only its flag fields travel in ADASPEC_CONFIG.

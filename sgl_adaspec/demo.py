@@ -138,7 +138,12 @@ def warm_up(url: str, tokens: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keep-logs", action="store_true", help="print the server log folder")
+    parser.add_argument(
+        "--keep-logs",
+        action="store_true",
+        help="print the folder of the servers' logs and of adaserve's decision log (one JSON "
+        "line per iteration: what it chose and why)",
+    )
     parser.add_argument("--tiny", action="store_true", help="the tiny random test models")
     args = parser.parse_args()
 
@@ -159,6 +164,8 @@ def main() -> int:
         )
     logs = Path(tempfile.mkdtemp(prefix="sgl_adaspec_demo_"))
     flags = (*shape, "--spec-policy", "adaserve")
+    if args.keep_logs:
+        flags = (*flags, "--spec-decision-log", str(logs / "adaserve-decisions.jsonl"))
     print("starting a server without speculation (the baseline) and one with --spec-policy "
           "adaserve, side by side ...")  # fmt: skip
     with (

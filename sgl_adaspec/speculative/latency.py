@@ -69,6 +69,10 @@ class LinearLatency:
         """The lowest latency observed among those held (None before any)."""
         return min((row[-1] for row in self._rows), default=None)
 
+    def last_fit(self) -> list[float] | None:
+        """The coefficients of the last fit, without refitting (None before one)."""
+        return None if self._coef is None else [round(c, 4) for c in self._coef.tolist()]
+
     def coefficients(self) -> torch.Tensor | None:
         """[num_features + 1] float64: slopes then intercept (None before any observation)."""
         if not self._rows:

@@ -9,6 +9,8 @@ what to verify decides how many tokens a request commits per iteration).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from .mixed_batch import run_policy
@@ -88,11 +90,27 @@ def test_adaserve_stands_down_where_speculation_does_not_pay(
     # Three waves, so that prefills come well after the 64 iterations without planned
     # speculation that a blind prefill waits for: a CI run with other jobs beside it saw none
     # in two waves (2026-11-27; its stats were not kept, the message below keeps them now).
+    log = tmp_path_factory.mktemp("decisions") / "adaserve.jsonl"
     waves, state = run_policy(
-        tmp_path_factory, models.target, models.eagle_draft, ("adaserve",), waves=3
-    )
+        tmp_path_factory, models.target, models.eagle_draft, ("adaserve",),
+        "--spec-decision-log", str(log), waves=3,
+    )  # fmt: skip
     assert waves == [random_pair_reference] * 3
     stats = state["stats"]
+    # The decision log holds every decided iteration, with why it ran as it did.
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == stats["iterations"] + stats["plain_iterations"]
+    plain = [line for line in lines if line["draft"][0] == 0]
+    assert len(plain) == stats["plain_iterations"]
+    assert {line["reason"] for line in plain} <= {"stand down", "measure plain"}
+    stood_down = [line for line in plain if line["reason"] == "stand down"]
+    assert stood_down and all(line["plan"]["speculate"] is False for line in stood_down)
+    drafted = [line for line in lines if line["draft"][0] > 0]
+    assert sum(line["reason"] == "probe" for line in drafted) == stats["speculation_reasons"].get(
+        "probe", 0
+    )
+    assert all(line["verified"] >= line["requests"] for line in lines)
+    assert lines[-1]["fits"]["verify"] is not None
     assert stats["blind_prefills"] > 0, {k: stats[k] for k in ("iterations", "plain_iterations")}
     assert stats["plain_iterations"] > stats["iterations"]
     # A request served by plain iterations only still reports its TPOT against its SLO.

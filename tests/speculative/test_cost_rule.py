@@ -4,6 +4,7 @@ hand-computed cases."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from policy_inputs import iteration_input
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.decision_log import DecisionLog
 from sgl_adaspec.speculative.cost_rule import (
     ShapeGain,
     cost_budget,
@@ -970,3 +972,35 @@ def test_a_request_blind_to_the_draft_keeps_the_plan_plain():
     assert choice.depth == 0
     with pytest.raises(ValueError, match="draft_blind"):
         SloBatch(seeing.tpot_slo_ms, seeing.decode_elapsed_ms, seeing.tokens_out, torch.ones(3))
+
+
+def test_the_decision_log_says_why_each_iteration_ran_as_it_did(tmp_path):
+    """One JSON line per observed iteration: what ran and measured, the reason and the plan."""
+    policy = speculating_policy(AdaserveConfig())
+    log = DecisionLog(tmp_path / "decisions.jsonl")
+    one = slo([math.nan])
+    steps, width = drafted(policy, 1, 4, 2, one)
+    it = iteration_input(beam([[[0.8, 0.0]] * steps]), steps, width, context_len=10)
+    outcome = make_outcome(
+        it, policy.decide(it), rids=it.rids, context_tokens=10,
+        accepted=torch.tensor([3]), verify_ms=10.0, iteration_ms=12.0,
+    )  # fmt: skip
+    policy.observe(outcome)
+    log.write(outcome, policy.account())
+    # A verify that every extra token costs a whole decode: the plan stands down.
+    policy.verify_latency = VerifyLatency()
+    policy.verify_latency.seed([((1, 10), 10.0), ((3, 10), 30.0), ((9, 10), 90.0)])
+    assert drafted(policy, 1, 4, 2, one)[0] == 0
+    plain = make_outcome(None, None, rids=("r0",), context_tokens=11,
+                         accepted=torch.tensor([1]), verify_ms=9.0, iteration_ms=10.0)  # fmt: skip
+    policy.observe(plain)
+    log.write(plain, policy.account())
+    log.close()
+    lines = (tmp_path / "decisions.jsonl").read_text().splitlines()
+    first, second = (json.loads(line) for line in lines)
+    assert first["draft"] == [steps, width] and first["reason"] == "planned"
+    assert first["plan"]["speculate"] and first["plan"]["depth"] == steps
+    assert first["committed"] == 3 and first["iteration_ms"] == 12.0
+    assert first["fits"]["draft"] is not None
+    assert second["draft"][0] == 0 and second["reason"] == "stand down"
+    assert second["plan"]["speculate"] is False and second["verified"] == 1

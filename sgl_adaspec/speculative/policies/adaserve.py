@@ -225,6 +225,11 @@ class AdaservePolicy(PolicyBase):
     # probing, exploring or cold iteration, which no plan predicted).
     records: dict[int, PlanTrackRecord] = field(default_factory=dict)
     _running_plan: PlanChoice | None = field(default=None, repr=False)
+    # For the decision log: why the last draft shape was chosen, the plan it was chosen by,
+    # and how many of its requests were blind to the draft.
+    _reason: str = field(default="", repr=False)
+    _last_planned: PlanChoice | None = field(default=None, repr=False)
+    _blind_running: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
@@ -260,12 +265,16 @@ class AdaservePolicy(PolicyBase):
         measured = self._plain_measured_at(num_requests)
         if self._remeasure_left > 0 or (not measured and slo is None):
             self._remeasure_left = max(self._remeasure_left - 1, 0)
-            return self._plain(topk)
+            self._last_planned = None
+            return self._plain(topk, "measure plain")
         planned = None if slo is None else self._cost_plan(slo)
+        self._last_planned = planned
+        blind = None if slo is None else slo.draft_blind
+        self._blind_running = 0 if blind is None else int(blind.sum())
         if not measured and not self._speculates_against_plain_floor(slo, planned):
             # What a plain decode costs at this load (within 2x) is measured where it could
             # change the plan, not extrapolated.
-            return self._plain(topk)
+            return self._plain(topk, "measure plain")
         if planned is not None and planned.depth == 0:
             due = self._plain_run >= self._probe_every
             affordable = due and self._can_afford_probe(slo, planned, full)
@@ -274,7 +283,7 @@ class AdaservePolicy(PolicyBase):
             measure = self._probe_left == 0 and self._speculates_against_draft_floor(slo)
             if self._probe_left == 0 and not (affordable or measure):
                 self._report(planned, num_requests)
-                return self._plain(topk)
+                return self._plain(topk, "stand down")
             if self._probe_left == 0:  # a probe: a cold draft, then a measured one
                 self._probe_left = 2
                 if not measure:
@@ -304,7 +313,7 @@ class AdaservePolicy(PolicyBase):
                 self._remeasure_every = min(2 * self._remeasure_every, REMEASURE_PLAIN)
                 if not self._speculates_against_plain_floor(slo, planned):
                     self._remeasure_left = REMEASURE_RUN - 1
-                    return self._plain(topk)
+                    return self._plain(topk, "measure plain")
                 self._since_plain = 0
         # After a plain iteration that skipped the draft extend the draft's state is stale:
         # the cheapest draft, a depth-1 chain, warms it; what it returns is not the draft's gain.
@@ -337,6 +346,7 @@ class AdaservePolicy(PolicyBase):
         )  # fmt: skip
         reasons = self.stats.speculation_reasons
         reasons[reason] = reasons.get(reason, 0) + 1
+        self._reason = reason
         return shape
 
     def _explore_shape(self, num_requests: int, full: tuple[int, int], planned) -> tuple[int, int]:
@@ -444,6 +454,17 @@ class AdaservePolicy(PolicyBase):
             )
         super().observe(outcome)
 
+    def account(self) -> dict:
+        planned = self._last_planned
+        return {
+            **super().account(),
+            "reason": self._reason,
+            "plan": None if planned is None else planned.as_dict(),
+            "blind_requests": self._blind_running,
+            "track_record": {str(b): round(r.ratio, 3) for b, r in sorted(self.records.items())},
+            "probe_every": self._probe_every,
+        }
+
     def record_at(self, num_requests: int) -> PlanTrackRecord:
         """The track record of planned speculation at this load (within 2x)."""
         bucket = load_bucket(num_requests)
@@ -545,7 +566,8 @@ class AdaservePolicy(PolicyBase):
             self._plain_loads = {load_bucket(int(n)) for n in self.plain_latency.feature_values(0)}
         return bucket in self._plain_loads
 
-    def _plain(self, topk: int) -> tuple[int, int]:
+    def _plain(self, topk: int, reason: str) -> tuple[int, int]:
+        self._reason = reason
         self._running_plan = None
         self._plain_run += 1
         self._since_plain = 0

@@ -303,6 +303,19 @@ class PolicyBase:
             return 1.0
         return 1.0 + self._stall_ms_sum / self._decode_ms_sum
 
+    def account(self) -> dict:
+        """Why the last iteration ran as it did, as JSON values, for the decision log
+        (`speculative.decision_log`); read only: asking changes no fit and no decision."""
+        return {
+            "t_spec_ms": None if self.t_spec_ms is None else round(self.t_spec_ms, 3),
+            "wall_per_decode": round(self.wall_per_decode, 3),
+            "fits": {
+                "verify": self.verify_latency.last_fit(),
+                "draft": self.draft_latency.last_fit(),
+                "plain": self.plain_latency.last_fit(),
+            },
+        }
+
     def draft_is_stale(self) -> bool:
         """Whether this iteration's draft ran on stale state (after iterations without
         speculation, whose draft extends SGLang skipped): its path probabilities then say

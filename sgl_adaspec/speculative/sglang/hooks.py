@@ -117,6 +117,8 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         clock.speculated = clock.speculated or warm_up
         outcome = _outcome(batch, scope, iteration_ms, after_prefill, warm, stall_ms, warm_up)
         policy.observe(outcome)
+        if runtime().decision_log is not None:
+            runtime().decision_log.write(outcome, policy.account())
     report_to_dispatcher(policy)
     return result
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from sgl_adaspec.config import AdaspecConfig
+from sgl_adaspec.speculative.decision_log import DecisionLog
 from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, knee_budget
 from sgl_adaspec.scheduler.dp_adapter import ReplicaReporter, reporter_of_scheduler
 from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
@@ -85,6 +86,8 @@ class Runtime:
     tiers: TierStates | None = None
     # Whether the running batch's draft top-k waits for its next draft (`deferred_topk`).
     deferred_topk: DeferredTopk = field(default_factory=DeferredTopk)
+    # Every decided iteration, one JSON line each (`--spec-decision-log`, TP rank 0 only).
+    decision_log: DecisionLog | None = None
 
 
 _RUNTIME: Runtime | None = None
@@ -136,7 +139,11 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
     tiers = build_tiers(config, draft_worker, policy, sync)
     if tiers is not None:
         policy.stats.draft_tiers = [list(shape) for shape in tiers.shapes]
-    return Runtime(config, policy, profile, clock, sync, reporter, tiers)
+    log = None
+    if config.spec_decision_log and sync.leads:
+        log = DecisionLog(config.spec_decision_log)
+        logger.info("sgl_adaspec: writing every decided iteration to %s", log.path)
+    return Runtime(config, policy, profile, clock, sync, reporter, tiers, decision_log=log)
 
 
 def build_tiers(
