@@ -74,6 +74,9 @@ class SpecStats:
     speculation_reasons: dict[str, int] = field(default_factory=dict)
     # Requests prefilled without the draft (`PolicyBase.draft_prefills`): blind to it for life.
     blind_prefills: int = 0
+    # Probes of a stand-down whose measured draft beat a plain decode: each cleared the track
+    # record at its load (`AdaservePolicy._judge_probe`).
+    probes_that_paid: int = 0
     # Drafts that first computed the top-k a warm plain iteration's extend left to them
     # (`sglang.deferred_topk`).
     deferred_topk_drafts: int = 0
@@ -210,6 +213,7 @@ class SpecStats:
             "warm_plain_iterations": self.warm_plain_iterations,
             "speculation_reasons": dict(sorted(self.speculation_reasons.items())),
             "blind_prefills": self.blind_prefills,
+            "probes_that_paid": self.probes_that_paid,
             "deferred_topk_drafts": self.deferred_topk_drafts,
             "first_speculative_iteration_ms": [round(ms, 3) for ms in self.first_speculative_ms],
             # predicted / observed accepted draft tokens; 1.0 = calibrated (None: no data yet).

@@ -1004,3 +1004,77 @@ def test_the_decision_log_says_why_each_iteration_ran_as_it_did(tmp_path):
     assert first["fits"]["draft"] is not None
     assert second["draft"][0] == 0 and second["reason"] == "stand down"
     assert second["plan"]["speculate"] is False and second["verified"] == 1
+
+
+def stood_down_by_its_record(ratio: float) -> AdaservePolicy:
+    """A policy whose plan would speculate (a 2 x 1 chain at ~2.2x a plain decode's tokens per
+    ms) but whose track record at one request, formed by plans that delivered `ratio` of their
+    prediction, asks every plan for more: it stands down."""
+    policy = speculating_policy(AdaserveConfig())
+    for _ in range(4):
+        policy.record_at(1).observe(2.0, 10.0, 2.0 * ratio, 10.0)
+    assert policy._cost_plan(slo([math.nan])).depth == 0
+    return policy
+
+
+def run_probe(policy, committed: int, iteration_ms: float) -> list[tuple[int, int]]:
+    """Plain iterations until the stand-down probes, then the probe's two drafts, each
+    committing `committed` tokens in `iteration_ms`; returns the shapes the probe drafted."""
+    one = slo([math.nan])
+    for _ in range(10 * policy.config.probe_interval):
+        shape = drafted(policy, 1, 4, 2, one)
+        if shape[0] > 0:
+            break
+        plain = make_outcome(None, None, rids=("r0",), context_tokens=10,
+                             accepted=torch.tensor([1]), verify_ms=9.0, iteration_ms=10.0)  # fmt: skip
+        policy.observe(plain)
+    shapes = []
+    for _ in range(2):
+        if shapes:
+            shape = drafted(policy, 1, 4, 2, one)
+        shapes.append(shape)
+        it = iteration_input(beam([[[0.5] * shape[1]] * shape[0]]), *shape, context_len=10)
+        policy.observe(
+            make_outcome(
+                it, policy.decide(it), rids=it.rids, context_tokens=10,
+                accepted=torch.tensor([committed]), verify_ms=8.0, iteration_ms=iteration_ms,
+            )
+        )  # fmt: skip
+    return shapes
+
+
+def test_a_probe_that_beats_a_plain_decode_clears_the_record_that_held_the_stand_down():
+    """A record formed under earlier models (a bad fit, say) moves only while plans speculate,
+    so it could hold a stand-down for good. A probe's measured draft that committed 3 tokens in
+    12 ms, 2.5x a plain decode's 1 in 10, is speculation paying, measured: the record goes, and
+    the plan speculates again."""
+    policy = stood_down_by_its_record(0.4)
+    assert run_probe(policy, committed=3, iteration_ms=12.0)[1] == (4, 2)
+    assert policy.record_at(1).ratio == 1.0 and policy.stats.probes_that_paid == 1
+    assert drafted(policy, 1, 4, 2, slo([math.nan]))[0] > 0
+
+
+def test_a_probe_that_does_not_beat_a_plain_decode_leaves_the_record():
+    """3 tokens in 40 ms is below a plain decode's 1 in 10: whatever it did to the gain table
+    (a lucky draft lifts it), the record stands and so does the stand-down."""
+    policy = stood_down_by_its_record(0.4)
+    run_probe(policy, committed=3, iteration_ms=40.0)
+    assert policy.record_at(1).ratio < 0.5 and policy.stats.probes_that_paid == 0
+    assert policy._cost_plan(slo([math.nan])).depth == 0
+
+
+def test_no_probe_while_every_running_request_is_blind_to_the_draft():
+    """Blind requests' drafts verify nothing: a probe of them would measure nothing. One
+    request that reads the draft is enough to probe."""
+    policy = speculating_policy(AdaserveConfig())
+    policy.plain_latency.seed([((2, 20), 10.0)])  # a blind request's plan: plain (1 per 10 ms)
+    blind = SloBatch(
+        torch.tensor([math.nan, math.nan], dtype=torch.float64), torch.zeros(2), torch.zeros(2),
+        draft_blind=torch.tensor([True, True]),
+    )  # fmt: skip
+    shapes = {drafted(policy, 2, 4, 2, blind) for _ in range(8 * policy.config.probe_interval)}
+    assert shapes == {(0, 2)} and "probe" not in policy.stats.speculation_reasons
+    one_reads = dataclasses.replace(blind, draft_blind=torch.tensor([True, False]))
+    shapes = [drafted(policy, 2, 4, 2, one_reads) for _ in range(4 * policy.config.probe_interval)]
+    assert any(depth > 0 for depth, _ in shapes)
+    assert policy.stats.speculation_reasons.get("probe", 0) > 0

@@ -276,11 +276,18 @@ class AdaservePolicy(PolicyBase):
             # change the plan, not extrapolated.
             return self._plain(topk, "measure plain")
         if planned is not None and planned.depth == 0:
-            due = self._plain_run >= self._probe_every
+            # A probe measures what the draft returns: with every running request blind to the
+            # draft (`draft_prefills`) its drafts verify nothing and it would measure nothing
+            # (in a demo run on this CPU, the last probe verified the three roots alone, in
+            # 121 ms against a 52 ms plain iteration).
+            readable = self._blind_running < num_requests
+            due = self._plain_run >= self._probe_every and readable
             affordable = due and self._can_afford_probe(slo, planned, full)
             # What the draft costs at this load is measured where it could change the plan,
             # as a plain decode's is: a probe, outside the backoff.
-            measure = self._probe_left == 0 and self._speculates_against_draft_floor(slo)
+            measure = (
+                self._probe_left == 0 and readable and self._speculates_against_draft_floor(slo)
+            )
             if self._probe_left == 0 and not (affordable or measure):
                 self._report(planned, num_requests)
                 return self._plain(topk, "stand down")
@@ -435,17 +442,13 @@ class AdaservePolicy(PolicyBase):
                 1.0 - WARM_SHARE_DECAY
             ) * float(outcome.draft_kept)
         planned, self._running_plan = self._running_plan, None
+        if self._reason == "probe" and not self._cold and self._measured(outcome):
+            self._judge_probe(outcome)
         if outcome.speculated:  # what a draft returned may end a stand-down now
             self._standing_down = None
             if not outcome.warm_up:
                 self._draft_loads[load_bucket(self._last_load)] = self._last_load
-        if (
-            planned is not None
-            and outcome.speculated
-            and outcome.accepted is not None
-            and not outcome.after_prefill
-            and outcome.iteration_ms > 0  # a clock that did not move prices nothing
-        ):
+        if planned is not None and self._measured(outcome):
             self.record_at(len(outcome.rids)).observe(
                 planned.expected_accepted * len(outcome.rids),
                 planned.iteration_ms,
@@ -453,6 +456,36 @@ class AdaservePolicy(PolicyBase):
                 outcome.iteration_ms,
             )
         super().observe(outcome)
+
+    @staticmethod
+    def _measured(outcome: Outcome) -> bool:
+        """Whether a speculative outcome measured what its draft returned in a steady
+        iteration's time."""
+        return (
+            outcome.speculated
+            and outcome.accepted is not None
+            and not outcome.after_prefill
+            and outcome.iteration_ms > 0  # a clock that did not move prices nothing
+        )
+
+    def _judge_probe(self, outcome: Outcome) -> None:
+        """A probe's measured draft (the full configured search) that committed more tokens per
+        ms than the stand-down's plan prices a plain decode at, by the switch margin, is
+        speculation paying now, measured and not predicted: the track record at this load no
+        longer holds the stand-down. That record was formed by plans of earlier models; it
+        moves only while plans speculate, so one formed under a bad fit held a stand-down for
+        good (on the tiny bigram pair, a record of 0.545 asked every plan for 2x a plain
+        decode's speed, where a 4 x 2 draft ran at 1.5x; docs/results.md). A probe whose
+        lucky draft lifts the gain table without beating a plain decode itself (SmolLM2 on a
+        CPU) leaves the record, which is what the record guards against."""
+        stand_down = self._last_planned
+        if stand_down is None or stand_down.depth > 0 or stand_down.plain_ms <= 0:
+            return
+        n = len(outcome.rids)
+        realized = float(outcome.accepted.sum()) / outcome.iteration_ms
+        if realized > (1.0 + self.config.switch_margin) * n / stand_down.plain_ms:
+            self.records.pop(load_bucket(n), None)
+            self.stats.probes_that_paid += 1
 
     def account(self) -> dict:
         planned = self._last_planned
