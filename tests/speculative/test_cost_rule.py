@@ -1078,3 +1078,25 @@ def test_no_probe_while_every_running_request_is_blind_to_the_draft():
     shapes = [drafted(policy, 2, 4, 2, one_reads) for _ in range(4 * policy.config.probe_interval)]
     assert any(depth > 0 for depth, _ in shapes)
     assert policy.stats.speculation_reasons.get("probe", 0) > 0
+
+
+def test_a_verify_run_as_a_plain_decode_prices_adaserves_plain_iteration_not_its_tree_verify():
+    """On the CPU path a plain iteration's one-node verify runs the decode attention, cheaper
+    than the line through tree verifies: adaserve, which prices plain iterations apart, keeps
+    it out of the verify fit; a policy pricing its no-speculation choice with that fit keeps
+    it in; a plain verify that ran a tree verify's path (the simulator, SGLang's own kernels)
+    stays in either way."""
+    from sgl_adaspec.speculative.policies.tetris import TetrisPolicy
+
+    def plain(as_decode: bool):
+        return make_outcome(None, None, rids=("r0", "r1"), context_tokens=20,
+                            accepted=torch.tensor([1, 1]), verify_ms=9.0, iteration_ms=10.0,
+                            verify_as_decode=as_decode)  # fmt: skip
+
+    adaserve, tetris = AdaservePolicy(AdaserveConfig()), TetrisPolicy()
+    for policy in (adaserve, tetris):
+        policy.observe(plain(True))
+        policy.observe(plain(False))
+    assert adaserve.verify_latency.num_observations == 1
+    assert adaserve.plain_latency.num_observations == 1  # the steady one (the first switched)
+    assert tetris.verify_latency.num_observations == 2

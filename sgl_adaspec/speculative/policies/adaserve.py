@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -183,6 +184,14 @@ class Plan:
 
 @dataclass
 class AdaservePolicy(PolicyBase):
+    # Its plans price a plain iteration with `plain_latency` and ask the verify fit only of
+    # verifies of more than one node per request. On the CPU path a plain iteration's one-node
+    # verify runs the decode attention, ~10 ms under the line through tree verifies of SmolLM2
+    # at 3 requests; a window filled with them (every stand-down iteration) priced 8-12-token
+    # verifies at 0.83-0.86 of what they took, those verifies and the start-up profile alone at
+    # 0.93-0.96 (replay of two servers' decision logs, 2026-12-02, docs/results.md).
+    verify_fit_takes_decodes: ClassVar[bool] = False
+
     config: AdaserveConfig = field(default_factory=AdaserveConfig)
     # Expected accepted draft tokens per draft shape and node count (calibrated), learned.
     gain: ShapeGain = field(default_factory=ShapeGain)

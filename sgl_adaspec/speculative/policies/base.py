@@ -23,6 +23,7 @@ statistics object, and the latency models fitted from what the adapter observes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -116,6 +117,9 @@ class Outcome:
       one that did not leaves the next draft stale;
     - stall_ms: wall time since the previous decode iteration that requests of both spent
       waiting on other forwards (prefills): part of their TPOT no decode iteration shows;
+    - verify_as_decode: the verify pass ran as a plain decode's forward (the plugin's CPU
+      attention for one node per request: no mask, `platform/cpu/attention.py`), a path a tree
+      verify does not take;
     - warm_up: the server's first speculative iteration. Its time may include one-off
       set-up (the draft's first forwards, the first calls of the tree and selection ops), so
       it prices nothing: on the tiny bigram pair it took 0.65-1.8x the next ones in fresh
@@ -140,6 +144,7 @@ class Outcome:
     draft_kept: bool = True
     stall_ms: float = 0.0
     warm_up: bool = False
+    verify_as_decode: bool = False
 
     @property
     def speculated(self) -> bool:
@@ -161,6 +166,7 @@ def make_outcome(
     draft_kept: bool = False,
     stall_ms: float = 0.0,
     warm_up: bool = False,
+    verify_as_decode: bool = False,
 ) -> Outcome:
     """The outcome of an iteration that ran `decision` on `it` (both None: no speculation;
     `draft_kept`: that plain iteration kept the draft's state; `warm_up`: this speculative
@@ -171,7 +177,7 @@ def make_outcome(
         return Outcome(
             rids, ones, accepted, None, None, verify_ms, iteration_ms, context_tokens, 0, 0,
             len(rids), 0, 0, after_prefill=after_prefill, draft_kept=draft_kept,
-            stall_ms=stall_ms,
+            stall_ms=stall_ms, verify_as_decode=verify_as_decode,
         )  # fmt: skip
     selection = decision.selection
     f = torch.where(selection.mask, it.cands.path_prob.to(selection.mask.device), 0.0)
@@ -195,6 +201,7 @@ def make_outcome(
         after_prefill=after_prefill,
         stall_ms=stall_ms,
         warm_up=warm_up,
+        verify_as_decode=verify_as_decode,
     )
 
 
@@ -207,6 +214,10 @@ class PolicyBase:
     - baseline_tpot_ms_config: TPOT without speculation if given (else estimated online as the
       smoothed verify-pass latency: one target forward, like a plain decode step)."""
 
+    # Whether the verify fit takes verify passes that ran as a plain decode's forward
+    # (`Outcome.verify_as_decode`). A policy that prices its no-speculation choice with the
+    # verify fit needs them; one that prices it with `plain_latency` (adaserve) does not.
+    verify_fit_takes_decodes: ClassVar[bool] = True
     # Whether `decide` reads IterationInput.history (see there).
     needs_history = False
 
@@ -253,8 +264,9 @@ class PolicyBase:
         self._decode_ms_sum = STALL_DECAY * self._decode_ms_sum + outcome.iteration_ms
         self._stall_ms_sum = STALL_DECAY * self._stall_ms_sum + outcome.stall_ms
         priced = not outcome.warm_up
+        fitted = self.verify_fit_takes_decodes or not outcome.verify_as_decode
         self.observe_verify(
-            outcome.verify_ms, verified_tokens, outcome.context_tokens, priced=priced
+            outcome.verify_ms, verified_tokens, outcome.context_tokens, priced=priced and fitted
         )
         if outcome.early_exit is not None:
             self.observe_early_exit(*outcome.early_exit)

@@ -156,6 +156,8 @@ def _outcome(
         draft_kept=draft_kept,
         stall_ms=stall_ms,
         warm_up=warm_up,
+        # The CPU attention asked where the one-node verify's slots lie: it ran that path.
+        verify_as_decode=scope.one_token_slots_in_row is not None,
     )
 
 
