@@ -20,12 +20,14 @@ from sgl_adaspec.speculative.policies.base import Outcome
 logger = logging.getLogger(__name__)
 
 
-def iteration_line(outcome: Outcome, account: dict, wall_time_s: float) -> str:
-    """One iteration as a JSON line: its outcome (requests, the draft shape that ran, verified
-    and committed tokens, times in ms) and the policy's `account` of its choice."""
+def iteration_line(outcome: Outcome, account: dict, wall_time_s: float, dp_rank: int = 0) -> str:
+    """One iteration of DP replica `dp_rank` as a JSON line: its outcome (requests, the draft
+    shape that ran, verified and committed tokens, times in ms) and the policy's `account` of
+    its choice."""
     accepted = None if outcome.accepted is None else int(outcome.accepted.sum())
     record = {
         "time_s": round(wall_time_s, 4),
+        "dp_rank": dp_rank,
         "requests": len(outcome.rids),
         "draft": [outcome.draft_steps, outcome.draft_width],
         "verified": int(outcome.verified.sum()),
@@ -41,10 +43,12 @@ def iteration_line(outcome: Outcome, account: dict, wall_time_s: float) -> str:
 
 class DecisionLog:
     """Appends `iteration_line`s to a file, flushed per line so that a server that is killed
-    loses nothing already decided."""
+    loses nothing already decided (under --dp each replica appends whole lines to the same
+    file, told apart by `dp_rank`)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, dp_rank: int = 0) -> None:
         self.path = Path(path)
+        self.dp_rank = dp_rank
         self._file: TextIO | None = self.path.open("a", encoding="utf-8", buffering=1)
 
     def write(self, outcome: Outcome, account: dict) -> None:
@@ -53,7 +57,8 @@ class DecisionLog:
         if self._file is None:
             return
         try:
-            self._file.write(iteration_line(outcome, account, time.time()) + "\n")
+            line = iteration_line(outcome, account, time.time(), self.dp_rank)
+            self._file.write(line + "\n")
         except OSError as exc:
             logger.warning("sgl_adaspec: decision log %s stopped: %s", self.path, exc)
             self.close()

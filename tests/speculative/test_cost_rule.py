@@ -977,7 +977,7 @@ def test_a_request_blind_to_the_draft_keeps_the_plan_plain():
 def test_the_decision_log_says_why_each_iteration_ran_as_it_did(tmp_path):
     """One JSON line per observed iteration: what ran and measured, the reason and the plan."""
     policy = speculating_policy(AdaserveConfig())
-    log = DecisionLog(tmp_path / "decisions.jsonl")
+    log = DecisionLog(tmp_path / "decisions.jsonl", dp_rank=1)
     one = slo([math.nan])
     steps, width = drafted(policy, 1, 4, 2, one)
     it = iteration_input(beam([[[0.8, 0.0]] * steps]), steps, width, context_len=10)
@@ -999,6 +999,7 @@ def test_the_decision_log_says_why_each_iteration_ran_as_it_did(tmp_path):
     lines = (tmp_path / "decisions.jsonl").read_text().splitlines()
     first, second = (json.loads(line) for line in lines)
     assert first["draft"] == [steps, width] and first["reason"] == "planned"
+    assert first["dp_rank"] == second["dp_rank"] == 1
     assert first["plan"]["speculate"] and first["plan"]["depth"] == steps
     assert first["committed"] == 3 and first["iteration_ms"] == 12.0
     assert first["fits"]["draft"] is not None
@@ -1025,8 +1026,10 @@ def run_probe(policy, committed: int, iteration_ms: float) -> list[tuple[int, in
         shape = drafted(policy, 1, 4, 2, one)
         if shape[0] > 0:
             break
-        plain = make_outcome(None, None, rids=("r0",), context_tokens=10,
-                             accepted=torch.tensor([1]), verify_ms=9.0, iteration_ms=10.0)  # fmt: skip
+        plain = make_outcome(
+            None, None, rids=("r0",), context_tokens=10, accepted=torch.tensor([1]),
+            verify_ms=9.0, iteration_ms=10.0,
+        )  # fmt: skip
         policy.observe(plain)
     shapes = []
     for _ in range(2):

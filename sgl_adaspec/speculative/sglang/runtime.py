@@ -141,7 +141,9 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
         policy.stats.draft_tiers = [list(shape) for shape in tiers.shapes]
     log = None
     if config.spec_decision_log and sync.leads:
-        log = DecisionLog(config.spec_decision_log)
+        from sglang.srt.runtime_context import get_parallel
+
+        log = DecisionLog(config.spec_decision_log, get_parallel().dp_rank or 0)
         logger.info("sgl_adaspec: writing every decided iteration to %s", log.path)
     return Runtime(config, policy, profile, clock, sync, reporter, tiers, decision_log=log)
 
