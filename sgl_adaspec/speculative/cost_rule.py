@@ -434,6 +434,19 @@ def plan_shape(
     d, w = shapes[int(rows[s])]
     nodes = sum(count * int(a[s, 0]) for (count, _, _), a in zip(groups, alloc))
     tokens, ms, plain = float(committed[s, 0]), float(iteration[s, 0]), float(plain_ms)
+    if float(objective[s, 0]) < 0:
+        # No allocation is a choice: the plan reports the draft that comes nearest (the most
+        # committed tokens per ms), not whichever verifies nothing ("best draft 1.00 tokens
+        # per request", as the demo printed). Reported only: a plan that stands down is used
+        # for its plain price.
+        rate = outcome[1] / outcome[2]  # [S, K], one node count for every request
+        rate[:, 0] = -math.inf
+        rate[~gain.reached] = -math.inf
+        if float(rate.max()) > -math.inf:
+            best, count = divmod(int(rate.argmax()), size)
+            d, w = shapes[best]
+            nodes = count * n
+            tokens, ms = float(outcome[1][best, count]), float(outcome[2][best, count])
     choice = PlanChoice(
         d, w, round(nodes / n), tokens / n, tokens / ms, n / plain, ms, plain,
         float(objective[s, 0]), plain_counted / plain,

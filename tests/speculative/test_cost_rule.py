@@ -476,12 +476,8 @@ def test_adaserve_probes_only_when_no_request_on_track_would_lose_its_slo():
         for d, w in ((1, 1), (4, 2))
     )
     assert cost == pytest.approx(by_hand) and cost > 30.0  # the first would fall off its track
-    # Slack enough for two iterations of the plan's best shape, not for the full search: the
-    # probe still waits.
-    best_shape = 2 * (standing.iteration_ms - standing.plain_ms)
-    assert best_shape < cost - 1.0
-    between = 1200.0 - (best_shape + cost) / 2
-    short = slo([12.0, 12.0], elapsed_ms=[between, 1300.0], tokens=[100.0, 100.0])
+    # Slack just short of what the probe's shapes cost: it still waits.
+    short = slo([12.0, 12.0], elapsed_ms=[1200.0 - cost + 1.0, 1300.0], tokens=[100.0, 100.0])
     assert drafted(policy, 2, 4, 2, short)[0] == 0
     # With the slack to pay for it (and the other still behind: it does not block), it probes.
     roomy = slo([12.0, 12.0], elapsed_ms=[1200.0 - cost - 1.0, 1300.0], tokens=[100.0, 100.0])
@@ -1103,3 +1099,14 @@ def test_a_verify_run_as_a_plain_decode_prices_adaserves_plain_iteration_not_its
     assert adaserve.verify_latency.num_observations == 1
     assert adaserve.plain_latency.num_observations == 1  # the steady one (the first switched)
     assert tetris.verify_latency.num_observations == 2
+
+
+def test_a_plan_that_stands_down_reports_the_draft_that_comes_nearest():
+    """Every draft loses to a plain decode: the plan still names the one with the most tokens
+    per ms (one node: (1 + 0.9) / 20 ms), not one that verifies nothing."""
+    choice = plan(flat_gain(0.9, 4, 2), 1, linear_ms(10.0, 10.0))
+    assert choice.depth == 0 and choice.objective < 0
+    assert choice.expected_accepted == pytest.approx(1.9)
+    assert choice.iteration_ms == pytest.approx(20.0)
+    assert choice.tokens_per_ms == pytest.approx(1.9 / 20.0)
+    assert choice.tokens_per_ms < choice.plain_tokens_per_ms
