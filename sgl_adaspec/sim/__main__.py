@@ -60,6 +60,15 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
     parser.add_argument(
         "--replicas", type=int, help="dp-dispatch experiment: data-parallel replicas (rates per replica)"
     )
+    parser.add_argument(
+        "--charge-policy-time",
+        type=float,
+        dest="policy_time_scale",
+        metavar="SCALE",
+        help="charge each policy's own wall time per iteration (measured on this host, times "
+        "SCALE: 0.5 for a host CPU twice as fast) to the simulated clock, as a server pays it; "
+        "results then vary from run to run (default 0: not charged)",
+    )
     args = vars(parser.parse_args(argv))
     experiment = args.pop("experiment")
     given = {k: v for k, v in args.items() if v is not None}

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+import time
 from functools import partial
 
 import numpy as np
@@ -46,10 +47,16 @@ class EngineConfig:
     max_prefill_tokens: int = 8192  # SGLang's chunked-prefill size; longer prompts go alone
     # Safety stop (simulated seconds); a run that hits it raises instead of returning a partial.
     max_sim_time_s: float = 36_000.0
+    # The policy's own wall time per decode iteration (its decide and observe calls, measured
+    # on this host) times this scale is charged to the simulated clock, as a server's scheduler
+    # pays it on every iteration. 0: not charged (the default; results stay deterministic).
+    policy_time_scale: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1 or self.max_prefill_tokens < 1:
             raise ValueError("max_running_requests and max_prefill_tokens must be >= 1")
+        if not self.policy_time_scale >= 0:
+            raise ValueError(f"policy_time_scale must be >= 0, got {self.policy_time_scale}")
 
 
 @dataclass
@@ -70,7 +77,7 @@ class SimResult:
     (its last decode iteration ran plain), draft_blind (prefilled without the draft), tpot_ms,
     met.
     Totals over the run: decode iterations, prefill batches, verified and accepted draft tokens,
-    busy time in prefill / draft / verify (ms)."""
+    busy time in prefill / draft / verify / the policy's own calls where charged (ms)."""
 
     policy: str
     workload: WorkloadArrays
@@ -89,6 +96,7 @@ class SimResult:
     prefill_ms: float = 0.0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    policy_ms: float = 0.0  # charged (`EngineConfig.policy_time_scale`)
     log: IterationLog | None = None
 
     def __post_init__(self) -> None:
@@ -239,7 +247,7 @@ class Instance:
         self.now, finished = _decode_iteration(
             self.running, self.now, self.workload, self.latency, self.acceptance, self.policy,
             self.rng, self.alpha[self.running], self.beta[self.running], tokens, result,
-            self.after_prefill, self.stall_ms,
+            self.after_prefill, self.stall_ms, config.policy_time_scale,
         )  # fmt: skip
         self.after_prefill, self.stall_ms = False, 0.0
         if not finished.any():
@@ -276,10 +284,12 @@ def _decode_iteration(
     result: SimResult,
     after_prefill: bool,
     stall_ms: float = 0.0,
+    policy_time_scale: float = 0.0,
 ) -> tuple[float, np.ndarray]:
     """One speculative (or plain) decode iteration of the running batch (alpha, beta [n]: the
     running requests' acceptance parameters; stall_ms: the prefills they waited on since their
-    last iteration); returns the new clock and which running requests finished [n] bool."""
+    last iteration; policy_time_scale: `EngineConfig`'s); returns the new clock and which
+    running requests finished [n] bool."""
     start = result.decode_start_s[running]
     fresh = np.isnan(start)
     result.decode_start_s[running[fresh]] = now
@@ -295,8 +305,13 @@ def _decode_iteration(
     # after a prefill without the draft, a request's draft is blind.
     stale = result.draft_stale[running] | result.draft_blind[running]
 
+    simulated_s = 0.0  # wall time of the simulator's own draft trees inside `decide`
+
     def draft(depth: int, width: int):
+        nonlocal simulated_s
+        started = time.perf_counter()
         trees = draft_trees(acceptance, rng, alpha, beta, depth, width)
+        simulated_s += time.perf_counter() - started
         if stale.any():  # as on the server: path probabilities 0, nothing accepted
             trees = replace(
                 trees,
@@ -306,7 +321,10 @@ def _decode_iteration(
         return trees
 
     context_lens = workload.prompt_tokens[running] + tokens[running]
+    decide_started = time.perf_counter()
     decision = policy.decide(slo, draft, tuple(str(i) for i in running), context_lens)
+    # On a server the policy's decisions sit inside the iteration it times; its observe after.
+    decide_ms = 1000.0 * (time.perf_counter() - decide_started - simulated_s) * policy_time_scale
     if decision.trees is None:
         accepted, deepest = np.zeros(running.size, dtype=np.int64), None
     else:
@@ -317,10 +335,15 @@ def _decode_iteration(
     verified = int(decision.verified.sum())
     verify_ms = latency.verify_ms(verified, context)
     elapsed_ms = draft_ms + verify_ms
+    if policy_time_scale:
+        elapsed_ms += decide_ms
     remaining = workload.output_tokens[running] - tokens[running]
     committed = np.minimum(accepted + 1, remaining)
     tokens[running] += committed
+    observe_started = time.perf_counter()
     policy.observe(decision, accepted, elapsed_ms, verify_ms, deepest, after_prefill, stall_ms)
+    observe_ms = 1000.0 * (time.perf_counter() - observe_started) * policy_time_scale
+    result.policy_ms += decide_ms + observe_ms
     result.iterations += 1
     result.request_iterations += running.size
     result.verified_tokens += verified
@@ -332,4 +355,6 @@ def _decode_iteration(
         result.log.verified.append(verified)
         result.log.committed.append(int(committed.sum()))
         result.log.latency_ms.append(elapsed_ms)
+    if policy_time_scale:
+        elapsed_ms += observe_ms
     return now + elapsed_ms / 1000.0, tokens[running] >= workload.output_tokens[running]

@@ -51,6 +51,8 @@ class SweepConfig:
     relative_slo_scale: float | None = None
     # The `dp-dispatch` experiment: data-parallel replicas (`replicas.py`).
     replicas: int = 1
+    # Charge each policy's own wall time to the simulated clock (`EngineConfig`); 0: not.
+    policy_time_scale: float = 0.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -63,6 +65,8 @@ class SweepConfig:
             )
         if not self.time_compression > 0:
             raise ValueError(f"time compression must be > 0, got {self.time_compression}")
+        if not self.policy_time_scale >= 0:
+            raise ValueError(f"--charge-policy-time must be >= 0, got {self.policy_time_scale}")
         known = POLICY_NAMES + EXTRA_POLICY_NAMES
         unknown = [p for p in self.policies if p not in known]
         if unknown:
@@ -99,6 +103,7 @@ def summarize(result: SimResult) -> dict:
             "prefill": result.prefill_ms,
             "draft": result.draft_ms,
             "verify": result.verify_ms,
+            "policy": result.policy_ms,
         },
     }
 
@@ -145,7 +150,10 @@ class SweepSetup:
             load_slo_config(REPO_SLO_CONFIG),
             knee_budget(latency.verify_profile()),
             latency.baseline_tpot_ms,
-            EngineConfig(max_running_requests=config.max_running_requests),
+            EngineConfig(
+                max_running_requests=config.max_running_requests,
+                policy_time_scale=config.policy_time_scale,
+            ),
             seeds,
         )
 

@@ -3,6 +3,7 @@ SLO-aware policy serving the tight class better than the static tree."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -248,3 +249,70 @@ def test_requests_running_through_a_prefill_report_the_wait():
     assert len(stalled) == 1 and stalled[0][0] == 2
     assert stalled[0][1] == pytest.approx(latency.prefill_ms(2000, False))
     assert result.prefill_batches == 2
+
+
+@dataclass
+class _SlowPolicy:
+    """No speculation, spending `decide_s` of wall time in each decide and `observe_s` in each
+    observe (the simulator's own draft trees excluded), and keeping the latencies it observes."""
+
+    inner: object
+    decide_s: float
+    observe_s: float
+    observed_ms: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.name, self.speculates = self.inner.name, self.inner.speculates
+
+    def decide(self, *args) -> Decision:
+        _busy(self.decide_s)
+        return self.inner.decide(*args)
+
+    def draft_prefills(self, new_requests: int) -> bool:
+        return self.inner.draft_prefills(new_requests)
+
+    def observe(self, decision, accepted, latency_ms, *rest) -> None:
+        _busy(self.observe_s)
+        self.observed_ms.append(latency_ms)
+        self.inner.observe(decision, accepted, latency_ms, *rest)
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_charged_policy_pays_its_own_time_on_the_simulated_clock():
+    """`EngineConfig.policy_time_scale`: the policy's decide time lands inside the iteration
+    it observes (as on a server, where the iteration's clock runs around the policy's calls)
+    and its observe time after it, both on the clock; uncharged, the clock ignores them."""
+    workload = WorkloadArrays(
+        ("coding", "chat", "summarization"),
+        arrival_s=np.array([0.0]),
+        class_index=np.zeros(1, dtype=np.int64),
+        prompt_tokens=np.full(1, 100),
+        output_tokens=np.full(1, 21),
+        tpot_slo_ms=np.full(1, np.nan),
+    )
+    latency = get_preset("h100-llama8b")
+
+    def run(scale: float) -> tuple:
+        slow = _SlowPolicy(make_policy("none", 64, latency.baseline_tpot_ms), 0.004, 0.002)
+        config = EngineConfig(policy_time_scale=scale)
+        result = simulate(workload, latency, SYNTHETIC_DEFAULT, slow, 0, config)
+        return result, slow.observed_ms
+
+    plain, plain_ms = run(0.0)
+    charged, charged_ms = run(0.5)
+    iterations = plain.iterations
+    assert iterations == charged.iterations == 20 and plain.policy_ms == 0.0
+    # Decide: 4 ms wall at scale 0.5, inside each observed iteration (timer slack allowed).
+    extra = np.array(charged_ms) - np.array(plain_ms)
+    assert (extra >= 2.0).all() and np.median(extra) < 3.0
+    # The clock pays decide and observe: (4 + 2) x 0.5 ms per iteration at least.
+    decode_s = charged.finish_s[0] - plain.finish_s[0]
+    assert decode_s >= iterations * 0.003
+    assert charged.policy_ms == pytest.approx(1000 * decode_s, rel=1e-6)
+    with pytest.raises(ValueError, match="policy_time_scale"):
+        EngineConfig(policy_time_scale=-1.0)
