@@ -146,6 +146,16 @@ class Candidates:
             tree.__dict__["depth"] = self.__dict__["depth"]
         return tree
 
+    def rows(self, index: torch.Tensor) -> Candidates:
+        """The trees of the requests `index` [R] int64, in that order, not checked again (the
+        depths carry over)."""
+        tree = object.__new__(Candidates)
+        for name in ("tokens", "parents", "path_prob", "valid"):
+            object.__setattr__(tree, name, getattr(self, name)[index])
+        if "depth" in self.__dict__:
+            tree.__dict__["depth"] = self.__dict__["depth"][index]
+        return tree
+
     def path_mask(self, nodes: torch.Tensor) -> torch.Tensor:
         """nodes [B] int64 (a node index per request, -1: none) -> [B, N] bool: each node and
         its ancestors (e.g. a request's accepted path, from its deepest accepted node)."""

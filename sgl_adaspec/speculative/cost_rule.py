@@ -63,6 +63,7 @@ def slo_group_keys(tpot_slo_ms: torch.Tensor) -> list[float | None]:
 
 
 _ALL = "all requests"  # ShapeGain's key of the table over every request
+_UNCOMPUTED = object()  # a kept draft's fit before its gains are computed
 
 
 @dataclass
@@ -86,6 +87,11 @@ class ShapeGain:
 
     max_nodes: int = 64
     drafts: int = 8
+    # The most requests of a draft it keeps: a sample evenly spread over the batch, from an
+    # offset that turns with each draft. The table is a mean per request, and what a plan
+    # costs must not grow with the batch (simulator, h100-llama8b rate 48, ~45 running: the
+    # table's share of a plan was ~4 of ~7 ms per speculative iteration on this host).
+    max_rows: int = 24
     max_depth: int = 0
     max_width: int = 0
     version: int = 0  # drafts observed
@@ -95,8 +101,8 @@ class ShapeGain:
     reached: torch.Tensor | None = field(default=None, repr=False)
     groups: dict = field(default_factory=dict, repr=False)
     # Per kept draft: its nodes' raw f [B * N + 1] (the last: 0), per group (each SLO group's
-    # key, and _ALL) its pool [S, L] (node indices, best first) and rows R, and the shapes it
-    # reached [S] bool.
+    # key, and _ALL) its pool [S, L] (node indices, best first) and rows R, the shapes it
+    # reached [S] bool, and the fit its gains per group [S, K] were computed under.
     _drafts: deque = field(default_factory=deque, repr=False)
 
     @property
@@ -129,6 +135,13 @@ class ShapeGain:
         seen = (cands.path_prob > 0).any(dim=1).cpu()  # [B]
         if not bool(seen.any()):
             return
+        if cands.num_requests > self.max_rows:
+            stride = -(-cands.num_requests // self.max_rows)
+            sample = torch.arange(self.version % stride, cands.num_requests, stride)
+            cands, seen = cands.rows(sample.to(cands.path_prob.device)), seen[sample]
+            groups = None if groups is None else [groups[i] for i in sample.tolist()]
+            if not bool(seen.any()):
+                return
         if not self.max_depth:
             self.max_depth, self.max_width = depth, width
         self.version += 1
@@ -170,31 +183,30 @@ class ShapeGain:
             ids = torch.where(pooled.values[:, :length] > 0, ids, filler)
             pools[key] = (ids, int(members.sum()))
         flat_f = torch.cat([f.flatten().cpu(), torch.zeros(1, dtype=torch.float64)])
-        self._drafts.append((flat_f, pools, reached))
+        # Its gains per group are computed at the next refresh (`_compute_gains`).
+        self._drafts.append([flat_f, pools, reached, _UNCOMPUTED, None])
         while len(self._drafts) > self.drafts:
             self._drafts.popleft()
 
-    def refresh(self, calibrate: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Rebuild the tables with `calibrate` (f -> f', monotone, 0 stays 0)."""
+    def refresh(self, calibrate: Callable[[torch.Tensor], torch.Tensor], fit=None) -> None:
+        """Rebuild the tables with `calibrate` (f -> f', monotone, 0 stays 0). `fit` names the
+        calibration (None: unnamed): a kept draft's gains computed under the same name are
+        reused, so between two fits a refresh computes the new drafts alone."""
         if not self._drafts:
             return
-        # One calibration call for the nodes of every kept draft; each pool's node indices are
-        # shifted to index them all, and every draft's last node (f = 0) pads a short pool.
-        drafted = [flat_f for flat_f, _, _ in self._drafts]
-        starts = [0, *itertools.accumulate(len(flat_f) for flat_f in drafted)]
-        node_f = calibrate(torch.cat(drafted))
-        pooled: dict = {}  # per group: its (pool, row count, reached shapes) per draft
-        for (_, pools, reached), start in zip(self._drafts, starts):
-            for key, (pool, count) in pools.items():
-                pooled.setdefault(key, []).append((pool + start, count, reached))
+        stale = [i for i, draft in enumerate(self._drafts) if fit is None or draft[3] != fit]
+        if stale:
+            self._compute_gains([self._drafts[i] for i in stale], calibrate, fit)
         # Per group (an SLO group's key, or _ALL requests): [S, K] gain summed over the rows
         # of the drafts that reached each shape, and those rows [S].
-        zero = starts[1] - 1  # the first draft's last node
+        pooled: dict = {}  # per group: its (gains [S, K], row count, reached shapes) per draft
+        for _, pools, reached, _, gains in self._drafts:
+            for key, (_, count) in pools.items():
+                pooled.setdefault(key, []).append((gains[key], count, reached))
         sums: dict = {}
         for key, drafts in pooled.items():
-            pools = _stacked([pool for pool, _, _ in drafts], zero)  # [E, S, L]
+            gains = torch.stack([gain for gain, _, _ in drafts])  # [E, S, K]
             counts = torch.tensor([count for _, count, _ in drafts])
-            gains = pooled_gain(node_f[pools], counts, self.max_nodes)  # [E, S, K]
             weights = torch.stack([reached for _, _, reached in drafts]).double()
             weights = weights * counts.unsqueeze(1)  # [E, S]
             # Summed draft after draft (cumsum's order, the same sums as one at a time).
@@ -221,6 +233,28 @@ class ShapeGain:
             reached = reached | self.reached
         self.table, self.reached, self.groups = table, reached, groups
 
+
+    def _compute_gains(self, drafts: list, calibrate: Callable, fit) -> None:
+        """Each of `drafts`' gains per group under `calibrate`, kept on the draft with `fit`.
+        One calibration call for the nodes of them all; each pool's node indices are shifted
+        to index them all, and every draft's last node (f = 0) pads a short pool."""
+        drafted = [draft[0] for draft in drafts]
+        starts = [0, *itertools.accumulate(len(flat_f) for flat_f in drafted)]
+        node_f = calibrate(torch.cat(drafted))
+        zero = starts[1] - 1  # the first draft's last node
+        computed: list[dict] = [{} for _ in drafts]
+        pooled: dict = {}  # per group: its (pool, row count, draft) per draft
+        for d, (draft, start) in enumerate(zip(drafts, starts)):
+            for key, (pool, count) in draft[1].items():
+                pooled.setdefault(key, []).append((pool + start, count, d))
+        for key, entries in pooled.items():
+            pools = _stacked([pool for pool, _, _ in entries], zero)  # [E, S, L]
+            counts = torch.tensor([count for _, count, _ in entries])
+            gains = pooled_gain(node_f[pools], counts, self.max_nodes)  # [E, S, K]
+            for (_, _, d), gain in zip(entries, gains):
+                computed[d][key] = gain
+        for draft, gains in zip(drafts, computed):
+            draft[3], draft[4] = fit, gains
 
 def _beams_within(
     cands: Candidates, depth: int, width: int, widths: tuple[int, ...]

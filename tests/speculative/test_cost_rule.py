@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -32,6 +33,7 @@ from sgl_adaspec.speculative.policies.adaserve import (
     REMEASURE_RUN,
     AdaserveConfig,
     AdaservePolicy,
+    same_batch,
 )
 from sgl_adaspec.speculative.policies.base import MAX_PLAIN_UNFITTED, make_outcome
 
@@ -160,6 +162,37 @@ def test_shape_gain_keeps_a_shape_the_kept_drafts_no_longer_reach():
     assert gain.curve(2, 2).tolist() == pytest.approx([0, 0.8, 1.4, 1.5, 1.55])
     assert gain.curve(2, 1).tolist() == pytest.approx([0, 0.8, 1.4, 1.4, 1.4])
     assert gain.curve(1, 1).tolist() == pytest.approx([0, 0.4, 0.4, 0.4, 0.4])
+
+
+def test_shape_gain_reuses_a_drafts_gains_under_the_same_fit():
+    """A refresh under a named fit computes only the drafts new since that fit; under a new
+    fit (or none) every kept draft is recalibrated."""
+    gain = ShapeGain(max_nodes=2)
+    gain.observe(beam([[[0.8]]]), 1, 1)
+    gain.refresh(lambda f: f, fit=1)
+    assert gain.curve(1, 1).tolist() == pytest.approx([0, 0.8, 0.8])
+    gain.observe(beam([[[0.4]]]), 1, 1)
+    gain.refresh(lambda f: f / 2, fit=1)  # the first draft keeps its gains: 0.8, the new 0.2
+    assert gain.curve(1, 1).tolist() == pytest.approx([0, 0.5, 0.5])
+    gain.refresh(lambda f: f / 2, fit=2)  # both under the new fit: 0.4 and 0.2
+    assert gain.curve(1, 1).tolist() == pytest.approx([0, 0.3, 0.3])
+    gain.refresh(lambda f: f)  # unnamed: recomputed
+    assert gain.curve(1, 1).tolist() == pytest.approx([0, 0.6, 0.6])
+
+
+def test_shape_gain_keeps_a_bounded_sample_of_a_large_batch():
+    """Past `max_rows` requests a draft is kept for an evenly spread sample of them, from an
+    offset that turns draft by draft, so the table costs the same at any batch size."""
+    gain = ShapeGain(max_nodes=1, max_rows=3)
+    six = beam([[[0.1 * (r + 1)]] for r in range(6)])  # request r's one node: f = 0.1 (r + 1)
+    gain.observe(six, 1, 1, groups=[20.0, 50.0] * 3)  # requests 0, 2, 4: all of group 20
+    gain.refresh(lambda f: f)
+    assert gain.curve(1, 1)[1].item() == pytest.approx((0.1 + 0.3 + 0.5) / 3)
+    assert gain.group_table(50.0) is gain.table  # group 50 not sampled yet
+    gain.observe(six, 1, 1, groups=[20.0, 50.0] * 3)  # requests 1, 3, 5
+    gain.refresh(lambda f: f)
+    assert gain.curve(1, 1)[1].item() == pytest.approx(0.35)  # all six, once each
+    assert gain.group_table(50.0)[0, 1].item() == pytest.approx(0.4)
 
 
 def test_shape_gain_keeps_a_table_per_slo_group():
@@ -557,6 +590,29 @@ def test_a_plan_serves_plan_reuse_iterations_while_the_models_refit():
     planned = policy._cost_plan(two)
     policy.draft_latency.seed([((1, 1), 2.0), ((4, 7), 8.0)])
     assert policy._cost_plan(two) is not planned
+
+
+def test_a_plan_serves_a_batch_whose_groups_drift_within_batch_drift():
+    """Under load requests come and go nearly every iteration; a plan serves while each SLO
+    group's count stays within BATCH_DRIFT of the one it was made for, and no longer once a
+    group drifts past it, a group appears, or a request turns blind to the draft."""
+    assert same_batch(Counter({(50.0, False): 10}), Counter({(50.0, False): 12}))
+    assert not same_batch(Counter({(50.0, False): 10}), Counter({(50.0, False): 13}))
+    assert not same_batch(Counter({(50.0, False): 3}), Counter({(50.0, False): 4}))
+    assert not same_batch(None, Counter({(50.0, False): 3}))
+    policy = standing_down_policy(probe_interval=100)
+    policy.plain_latency.seed(DEARER_PLAIN)
+    planned = policy._cost_plan(slo([50.0] * 10))
+    assert planned.depth > 0
+    assert policy._cost_plan(slo([50.0] * 11)) is planned
+    assert policy._cost_plan(slo([50.0] * 9)) is planned
+    assert policy._cost_plan(slo([50.0] * 13)) is not planned  # 30 % more: planned anew
+    planned = policy._cost_plan(slo([50.0] * 10))
+    assert policy._cost_plan(slo([50.0] * 10 + [math.nan])) is not planned  # a new group
+    planned = policy._cost_plan(slo([50.0] * 10))
+    blind = slo([50.0] * 10)
+    blind = dataclasses.replace(blind, draft_blind=torch.tensor([True] + [False] * 9))
+    assert policy._cost_plan(blind) is not planned
 
 
 def speculating_policy(config: AdaserveConfig) -> AdaservePolicy:
