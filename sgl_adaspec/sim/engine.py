@@ -24,10 +24,10 @@ before the first decode iteration count toward TTFT only.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-import time
 from functools import partial
 
 import numpy as np

@@ -63,7 +63,6 @@ def slo_group_keys(tpot_slo_ms: torch.Tensor) -> list[float | None]:
 
 
 _ALL = "all requests"  # ShapeGain's key of the table over every request
-_UNCOMPUTED = object()  # a kept draft's fit before its gains are computed
 
 
 @dataclass
@@ -100,10 +99,7 @@ class ShapeGain:
     table: torch.Tensor | None = field(default=None, repr=False)
     reached: torch.Tensor | None = field(default=None, repr=False)
     groups: dict = field(default_factory=dict, repr=False)
-    # Per kept draft: its nodes' raw f [B * N + 1] (the last: 0), per group (each SLO group's
-    # key, and _ALL) its pool [S, L] (node indices, best first) and rows R, the shapes it
-    # reached [S] bool, and the fit its gains per group [S, K] were computed under.
-    _drafts: deque = field(default_factory=deque, repr=False)
+    _drafts: deque = field(default_factory=deque, repr=False)  # of _KeptDraft, oldest first
 
     @property
     def known(self) -> bool:
@@ -183,8 +179,7 @@ class ShapeGain:
             ids = torch.where(pooled.values[:, :length] > 0, ids, filler)
             pools[key] = (ids, int(members.sum()))
         flat_f = torch.cat([f.flatten().cpu(), torch.zeros(1, dtype=torch.float64)])
-        # Its gains per group are computed at the next refresh (`_compute_gains`).
-        self._drafts.append([flat_f, pools, reached, _UNCOMPUTED, None])
+        self._drafts.append(_KeptDraft(flat_f, pools, reached))
         while len(self._drafts) > self.drafts:
             self._drafts.popleft()
 
@@ -194,15 +189,15 @@ class ShapeGain:
         reused, so between two fits a refresh computes the new drafts alone."""
         if not self._drafts:
             return
-        stale = [i for i, draft in enumerate(self._drafts) if fit is None or draft[3] != fit]
+        stale = [draft for draft in self._drafts if fit is None or draft.fit != fit]
         if stale:
-            self._compute_gains([self._drafts[i] for i in stale], calibrate, fit)
+            self._compute_gains(stale, calibrate, fit)
         # Per group (an SLO group's key, or _ALL requests): [S, K] gain summed over the rows
         # of the drafts that reached each shape, and those rows [S].
         pooled: dict = {}  # per group: its (gains [S, K], row count, reached shapes) per draft
-        for _, pools, reached, _, gains in self._drafts:
-            for key, (_, count) in pools.items():
-                pooled.setdefault(key, []).append((gains[key], count, reached))
+        for draft in self._drafts:
+            for key, (_, count) in draft.pools.items():
+                pooled.setdefault(key, []).append((draft.gains[key], count, draft.reached))
         sums: dict = {}
         for key, drafts in pooled.items():
             gains = torch.stack([gain for gain, _, _ in drafts])  # [E, S, K]
@@ -238,14 +233,14 @@ class ShapeGain:
         """Each of `drafts`' gains per group under `calibrate`, kept on the draft with `fit`.
         One calibration call for the nodes of them all; each pool's node indices are shifted
         to index them all, and every draft's last node (f = 0) pads a short pool."""
-        drafted = [draft[0] for draft in drafts]
+        drafted = [draft.flat_f for draft in drafts]
         starts = [0, *itertools.accumulate(len(flat_f) for flat_f in drafted)]
         node_f = calibrate(torch.cat(drafted))
         zero = starts[1] - 1  # the first draft's last node
         computed: list[dict] = [{} for _ in drafts]
         pooled: dict = {}  # per group: its (pool, row count, draft) per draft
         for d, (draft, start) in enumerate(zip(drafts, starts)):
-            for key, (pool, count) in draft[1].items():
+            for key, (pool, count) in draft.pools.items():
                 pooled.setdefault(key, []).append((pool + start, count, d))
         for key, entries in pooled.items():
             pools = _stacked([pool for pool, _, _ in entries], zero)  # [E, S, L]
@@ -254,7 +249,21 @@ class ShapeGain:
             for (_, _, d), gain in zip(entries, gains):
                 computed[d][key] = gain
         for draft, gains in zip(drafts, computed):
-            draft[3], draft[4] = fit, gains
+            draft.fit, draft.gains = fit, gains
+
+
+@dataclass
+class _KeptDraft:
+    """What `ShapeGain` keeps of one draft: its nodes' raw f [B * N + 1] (the last: 0), per
+    group (each SLO group's key, and _ALL) its pool [S, L] (node indices, best first) and rows
+    R, the shapes it reached [S] bool, and its gains per group [S, K] with the fit they were
+    computed under (`ShapeGain.refresh`; none until the first refresh after it)."""
+
+    flat_f: torch.Tensor
+    pools: dict
+    reached: torch.Tensor
+    fit: object = field(default_factory=object)  # matches no fit: computed at the next refresh
+    gains: dict | None = None
 
 def _beams_within(
     cands: Candidates, depth: int, width: int, widths: tuple[int, ...]
