@@ -234,7 +234,7 @@ class AdaservePolicy(PolicyBase):
     # The last plan that stood down: (plain loads measured, the batch it was made for, plan,
     # uses); see `_cost_plan`.
     _standing_down: tuple | None = field(default=None, repr=False)
-    _refreshed_for: tuple | None = field(default=None, repr=False)  # gain, calibration versions
+    _refreshed_for: tuple | None = field(default=None, repr=False)  # gain version, recalibration
     _reported: tuple = field(default=(None, None), repr=False)  # what stats.last_plan shows
     # How planned speculation delivered against its plans, per `load_bucket` (the cost
     # models' errors depend on the load), and the plan this iteration runs (None: a plain,
