@@ -170,7 +170,11 @@ class ShapeGain:
         # the pool's order: a refresh calibrates each draft's B * N nodes once and sums, and
         # sorts nothing (recalibrating and re-sorting the pools of 8 x 4 drafts at every plan
         # was ~90 % of the plan's time: simulator, a100 rate 8, 41 ms each).
+        # Pools are kept for the shapes this draft reached alone (the others' are empty), and
+        # a planned draft reaches few of the grid's shapes: sorting and, at each
+        # recalibration, summing the empty rows was most of the gain table's time.
         filler = node_ids.new_full((), bsz * nodes)
+        ranked, node_ids = ranked[reached], node_ids[reached]
         pools = {}
         for key, members in rows.items():
             pooled = torch.sort(ranked[:, members].flatten(1), dim=1, descending=True)
@@ -231,33 +235,40 @@ class ShapeGain:
 
     def _compute_gains(self, drafts: list, calibrate: Callable, fit) -> None:
         """Each of `drafts`' gains per group under `calibrate`, kept on the draft with `fit`.
-        One calibration call for the nodes of them all; each pool's node indices are shifted
-        to index them all, and every draft's last node (f = 0) pads a short pool."""
+        One calibration call for the nodes of them all and, per group, one `pooled_gain` for
+        the pool rows of them all (one per shape a draft reached: a shape it did not reach
+        gains 0, which `refresh` weighs 0); each pool's node indices are shifted to index
+        them all, and every draft's last node (f = 0) pads a short row."""
         drafted = [draft.flat_f for draft in drafts]
         starts = [0, *itertools.accumulate(len(flat_f) for flat_f in drafted)]
         node_f = calibrate(torch.cat(drafted))
         zero = starts[1] - 1  # the first draft's last node
-        computed: list[dict] = [{} for _ in drafts]
         pooled: dict = {}  # per group: its (pool, row count, draft) per draft
-        for d, (draft, start) in enumerate(zip(drafts, starts)):
+        for draft, start in zip(drafts, starts):
+            draft.fit, draft.gains = fit, {}
             for key, (pool, count) in draft.pools.items():
-                pooled.setdefault(key, []).append((pool + start, count, d))
+                pooled.setdefault(key, []).append((pool + start, count, draft))
         for key, entries in pooled.items():
-            pools = _stacked([pool for pool, _, _ in entries], zero)  # [E, S, L]
-            counts = torch.tensor([count for _, count, _ in entries])
-            gains = pooled_gain(node_f[pools], counts, self.max_nodes)  # [E, S, K]
-            for (_, _, d), gain in zip(entries, gains):
-                computed[d][key] = gain
-        for draft, gains in zip(drafts, computed):
-            draft.fit, draft.gains = fit, gains
+            rows = _stacked([pool for pool, _, _ in entries], zero)  # [sum of S_r, L]
+            requests = torch.repeat_interleave(
+                torch.tensor([count for _, count, _ in entries]),
+                torch.tensor([len(pool) for pool, _, _ in entries]),
+            )
+            gained = pooled_gain(node_f[rows].unsqueeze(1), requests, self.max_nodes)
+            reached = torch.stack([draft.reached for _, _, draft in entries])  # [E, S]
+            gains = gained.new_zeros(*reached.shape, self.max_nodes)
+            gains[reached] = gained[:, 0]  # row-major: the pools' order
+            for (_, _, draft), gain in zip(entries, gains):
+                draft.gains[key] = gain
 
 
 @dataclass
 class _KeptDraft:
     """What `ShapeGain` keeps of one draft: its nodes' raw f [B * N + 1] (the last: 0), per
-    group (each SLO group's key, and _ALL) its pool [S, L] (node indices, best first) and rows
-    R, the shapes it reached [S] bool, and its gains per group [S, K] with the fit they were
-    computed under (`ShapeGain.refresh`; none until the first refresh after it)."""
+    group (each SLO group's key, and _ALL) its pool [S_r, L] (node indices, best first, for
+    each of the S_r shapes it reached) and rows R, the shapes it reached [S] bool, and its
+    gains per group [S, K] with the fit they were computed under (`ShapeGain.refresh`; none
+    until the first refresh after it)."""
 
     flat_f: torch.Tensor
     pools: dict
@@ -299,10 +310,12 @@ def pooled_gain(pool: torch.Tensor, requests: torch.Tensor, nodes: int) -> torch
 
 
 def _stacked(pools: list[torch.Tensor], fill: int) -> torch.Tensor:
-    """pools [S, L_e] each -> [E, S, max L_e], each padded with `fill`."""
+    """pools [S_e, L_e] each -> [sum of S_e, max L_e], each row padded with `fill`."""
     length = max(pool.shape[1] for pool in pools)
-    pads = [pool.new_full((len(pool), length - pool.shape[1]), fill) for pool in pools]
-    return torch.stack([torch.cat([pool, pad], 1) for pool, pad in zip(pools, pads)])
+    return torch.cat(
+        [torch.cat([pool, pool.new_full((len(pool), length - pool.shape[1]), fill)], 1)
+         for pool in pools]
+    )  # fmt: skip
 
 
 def _mean_table(gained: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

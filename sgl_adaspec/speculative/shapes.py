@@ -15,8 +15,26 @@ def restrict_to_shape(cands: Candidates, depth: int | torch.Tensor, width: int) 
     nodes kept one level up. `depth` is one int for the batch or [B] int64 per request (0 keeps
     nothing). width 1 keeps each request's most probable chain. Returns the same trees with
     `valid` narrowed [B, N]."""
+    if isinstance(depth, int) and fits_shape(cands, depth, width):
+        return cands
     kept = beams_of_widths(cands, depth, (width,))[0]
     return cands.derived(valid=kept)  # a beam keeps every kept node's parent
+
+
+def fits_shape(cands: Candidates, depth: int, width: int) -> bool:
+    """Whether every request's valid nodes lie within `depth` levels, at most `width` per
+    level: then the depth x width beam keeps them all (a valid node's parent is valid), as
+    when the draft ran that very shape. Counting them is a few calls, where the beam search
+    sorts once per level (~0.35 of adaserve's ~4 ms per speculative iteration on this host,
+    simulator, h100-llama8b rate 48)."""
+    if cands.num_nodes == 0:
+        return True
+    level = torch.where(cands.valid, cands.depth, 0)  # [B, N], 0 for padding
+    if int(level.max()) > depth:
+        return False
+    per_level = torch.zeros(cands.num_requests, depth + 1, dtype=torch.int64, device=level.device)
+    per_level.scatter_add_(1, level, cands.valid.long())
+    return bool((per_level[:, 1:] <= width).all())
 
 
 def beams_of_widths(

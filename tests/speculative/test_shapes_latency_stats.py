@@ -12,6 +12,7 @@ from sgl_adaspec.speculative.shapes import (
     beams_of_widths,
     chain_positions,
     chain_prefix_mask,
+    fits_shape,
     restrict_to_shape,
     selection_from_mask,
 )
@@ -37,6 +38,18 @@ def test_per_request_depth_limits_each_tree():
 def test_depth_zero_keeps_nothing():
     kept = restrict_to_shape(two_trees(), torch.tensor([0, 0]), width=4).valid
     assert not kept.any()
+
+
+def test_trees_that_fit_a_shape_are_their_own_beam_and_others_are_searched():
+    # two_trees: request 0 has 3 nodes at depth 1, 2 at depth 2, 1 at depth 3.
+    trees = two_trees()
+    assert fits_shape(trees, 3, 3) and fits_shape(trees, 5, 4)
+    assert not fits_shape(trees, 2, 3)  # node 4 lies at depth 3
+    assert not fits_shape(trees, 3, 2)  # three children of request 0's root
+    for depth, width in ((3, 3), (5, 4), (2, 3), (3, 2), (1, 1)):
+        searched = beams_of_widths(trees, depth, (width,))[0]
+        assert torch.equal(restrict_to_shape(trees, depth, width).valid, searched)
+    assert restrict_to_shape(trees, 3, 2).valid[0].tolist() == [True, True, True, True, True, False]
 
 
 def test_beams_of_several_widths_at_once_are_each_width_s_own_beam():
