@@ -420,7 +420,7 @@ def plan_shape(
     blind = slo.draft_blind if slo.draft_blind is not None else torch.zeros(n, dtype=torch.bool)
     # Requests blind to the draft (prefilled without it) commit their bonus token alone,
     # whatever the shape: a group of their own within their SLO group.
-    groups = []  # (requests, expected tokens [S, K], SloBatch or None: best effort)
+    groups = []  # (requests, expected tokens [S, K], SloCount or None: best effort)
     plain_counted = 0.0
     plain_wall = plain_ms * wall_per_decode
     for key, is_blind in sorted({(key, bool(b)) for key, b in zip(keys, blind.tolist())}, key=str):
@@ -431,12 +431,8 @@ def plan_shape(
             expected = torch.ones_like(expected)
         group = None
         if key is not None:
-            group = SloBatch(
-                slo.tpot_slo_ms[members], slo.decode_elapsed_ms[members], slo.tokens_out[members]
-            )
-            plain_counted += float(
-                _counted(torch.ones_like(plain_ms), plain_wall, group, surplus_weight).sum()
-            )
+            group = SloCount.of(slo, members, surplus_weight)
+            plain_counted += float(group.counted(torch.ones_like(plain_ms), plain_wall).sum())
         else:
             plain_counted += count
         groups.append((count, expected, group))
@@ -454,9 +450,7 @@ def plan_shape(
             e = torch.gather(expected[rows], 1, a)  # [S', K']
             committed += count * e
             slowest = torch.minimum(slowest, e)
-            counted += (
-                count * e if group is None else _counted(e, wall, group, surplus_weight).sum(0)
-            )
+            counted += count * e if group is None else group.counted(e, wall)
         objective = counted / iteration
         # A draft with no node verified is never better than a plain decode.
         objective[(tokens == n) | ~gain.reached[rows].unsqueeze(1)] = -1.0
@@ -548,17 +542,46 @@ def speculation_pays(
     return (rate.amax(dim=(1, 2)) * plain > 1.0) | (plain <= 0)
 
 
-def _counted(
-    expected: torch.Tensor, wall_ms: torch.Tensor, group: SloBatch, surplus_weight: float
-) -> torch.Tensor:
-    """expected [S, K]: tokens an iteration commits for each request of `group` (one SLO),
-    while wall_ms [S, K] pass (the iteration and its stalls) -> [G, S, K]: those tokens as
-    `plan_shape` counts them."""
-    tpot = group.tpot_slo_ms.view(-1, 1, 1)  # [G, 1, 1]
-    elapsed = group.decode_elapsed_ms.view(-1, 1, 1)
-    behind = (elapsed + wall_ms) / tpot - group.tokens_out.view(-1, 1, 1)  # A(r) for W ms
-    need = torch.maximum(behind, wall_ms / tpot)  # [G, S, K]
-    return torch.minimum(expected, need) + surplus_weight * (expected - need).clamp(min=0)
+@dataclass(frozen=True)
+class SloCount:
+    """How `plan_shape` counts the tokens of one SLO group's requests: a request r of TPOT
+    SLO t that commits e tokens while W ms pass needs n_r = W / t + lag_r, lag_r = max(its
+    elapsed decode time / t - its tokens, 0) (its A(r) for W ms, and at least its SLO's pace);
+    its e counts in full up to n_r and at `surplus_weight` beyond:
+        e - (1 - surplus_weight) max(e - W / t - lag_r, 0).
+    Summed over the group, that is R e - (1 - surplus_weight) (m x - the m smallest lags),
+    x = e - W / t and m the number of lags below x: with the lags sorted once per plan, a
+    count costs the same at any group size (per request, the [R, S, K] tensors of every
+    scoring were most of a plan's time under load). Requests of different SLOs within the
+    group (SLOs within `slo_group_keys`' rounding) are summed per SLO.
+    Per SLO: tpot [1], sorted lags [R_t] and their prefix sums [R_t + 1] (0 first)."""
+
+    surplus_weight: float
+    per_slo: tuple[tuple[float, torch.Tensor, torch.Tensor], ...]
+
+    @classmethod
+    def of(cls, slo: SloBatch, members: torch.Tensor, surplus_weight: float) -> SloCount:
+        """The group of `slo`'s requests `members` [B] bool."""
+        per_slo = []
+        for tpot in torch.unique(slo.tpot_slo_ms[members]).tolist():
+            rows = members & (slo.tpot_slo_ms == tpot)
+            lag = (slo.decode_elapsed_ms[rows] / tpot - slo.tokens_out[rows]).clamp(min=0)
+            lag = torch.sort(lag.double()).values
+            prefix = torch.nn.functional.pad(lag.cumsum(0), (1, 0))
+            per_slo.append((tpot, lag, prefix))
+        return cls(surplus_weight, tuple(per_slo))
+
+    def counted(self, expected: torch.Tensor, wall_ms: torch.Tensor) -> torch.Tensor:
+        """expected [S, K]: tokens an iteration commits for each request of the group while
+        wall_ms [S, K] pass (the iteration and its stalls) -> [S, K]: the group's tokens as
+        `plan_shape` counts them."""
+        total = torch.zeros_like(expected + wall_ms)
+        for tpot, lag, prefix in self.per_slo:
+            surplus = (expected - wall_ms / tpot).contiguous()  # x
+            below = torch.searchsorted(lag, surplus)  # m: lags < x
+            beyond = below * surplus - prefix[below]  # sum of max(x - lag, 0)
+            total = total + len(lag) * expected - (1.0 - self.surplus_weight) * beyond
+        return total
 
 
 def cost_budget(

@@ -18,6 +18,7 @@ from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.decision_log import DecisionLog
 from sgl_adaspec.speculative.cost_rule import (
     ShapeGain,
+    SloCount,
     cost_budget,
     draft_rows,
     plan_shape,
@@ -127,6 +128,30 @@ def test_shape_gain_reads_every_smaller_shape_from_one_draft():
     assert gain.curve(2, 1)[2].item() == pytest.approx((1.4 + 0.3) / 2)
     assert gain.curve(2, 2)[4].item() == pytest.approx(1.55)
     assert gain.curve(2, 2) is not None and gain.curve(3, 1) is None
+
+
+def test_an_slo_group_counts_each_request_s_tokens_up_to_its_need_and_a_share_beyond():
+    # Brute force, request by request: need = max(A(r) for W ms, W / SLO); tokens count in
+    # full up to it and at the surplus weight beyond. Two SLOs within one group, requests
+    # ahead of and behind their pace, one left out of the group.
+    torch.manual_seed(3)
+    tpot = torch.tensor([50.0, 50.0, 50.0004, 50.0, 50.0004, 36.0], dtype=torch.float64)
+    elapsed = torch.tensor([0.0, 900.0, 2000.0, 5000.0, 100.0, 700.0], dtype=torch.float64)
+    tokens = torch.tensor([0.0, 30.0, 35.0, 80.0, 1.0, 3.0], dtype=torch.float64)
+    members = torch.tensor([True, True, True, True, True, False])
+    slo = SloBatch(tpot, elapsed, tokens)
+    expected = 1.0 + 4.0 * torch.rand(5, 7, dtype=torch.float64)  # [S, K]
+    wall = 20.0 + 200.0 * torch.rand(5, 7, dtype=torch.float64)
+    for weight in (0.0, 0.1, 1.0):
+        brute = torch.zeros_like(expected)
+        for r in members.nonzero()[:, 0].tolist():
+            need = torch.maximum((elapsed[r] + wall) / tpot[r] - tokens[r], wall / tpot[r])
+            brute += torch.minimum(expected, need) + weight * (expected - need).clamp(min=0)
+        counted = SloCount.of(slo, members, weight).counted(expected, wall)
+        assert torch.allclose(counted, brute, rtol=1e-12, atol=1e-12)
+    assert len(SloCount.of(slo, members, 0.1).per_slo) == 2
+    # Weight 1 counts every token: the group's requests times e, whatever their lag.
+    assert torch.allclose(SloCount.of(slo, members, 1.0).counted(expected, wall), 5 * expected)
 
 
 def test_shape_gain_tables_are_the_pooled_gain_of_every_node_count():
