@@ -575,7 +575,7 @@ class SloCount:
         """expected [S, K]: tokens an iteration commits for each request of the group while
         wall_ms [S, K] pass (the iteration and its stalls) -> [S, K]: the group's tokens as
         `plan_shape` counts them."""
-        total = torch.zeros_like(expected + wall_ms)
+        total = 0.0
         for tpot, lag, prefix in self.per_slo:
             surplus = (expected - wall_ms / tpot).contiguous()  # x
             below = torch.searchsorted(lag, surplus)  # m: lags < x
