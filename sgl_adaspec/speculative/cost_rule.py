@@ -100,6 +100,7 @@ class ShapeGain:
     reached: torch.Tensor | None = field(default=None, repr=False)
     groups: dict = field(default_factory=dict, repr=False)
     _drafts: deque = field(default_factory=deque, repr=False)  # of _KeptDraft, oldest first
+    _grid_of: tuple | None = field(default=None, repr=False)  # (grid key, `grid`)
 
     @property
     def known(self) -> bool:
@@ -108,8 +109,20 @@ class ShapeGain:
     @property
     def shapes(self) -> list[tuple[int, int]]:
         """The grid, width-major: [(1, 1), (2, 1), .., (max_depth, max_width)]."""
-        widths = draft_widths(self.max_width) if self.max_width else ()
-        return [(d, w) for w in widths for d in range(1, self.max_depth + 1)]
+        return self.grid()[0]
+
+    def grid(self) -> tuple:
+        """(`shapes`, node counts k [K + 1] = 0..max_nodes, depth [S, 1], width [S, 1]
+        float64), built once per grid: every plan and draft read reads them."""
+        key = (self.max_depth, self.max_width, self.max_nodes)
+        if self._grid_of is None or self._grid_of[0] != key:
+            widths = draft_widths(self.max_width) if self.max_width else ()
+            shapes = [(d, w) for w in widths for d in range(1, self.max_depth + 1)]
+            k = torch.arange(self.max_nodes + 1, dtype=torch.float64)
+            depth = torch.tensor([d for d, _ in shapes], dtype=torch.float64).unsqueeze(1)
+            width = torch.tensor([w for _, w in shapes], dtype=torch.float64).unsqueeze(1)
+            self._grid_of = (key, (shapes, k, depth, width))
+        return self._grid_of[1]
 
     def curve(self, depth: int, width: int) -> torch.Tensor | None:
         """[K + 1] of shape (depth, width) over all requests, None if never reached."""
@@ -358,10 +371,7 @@ class PlanChoice:
 def _shape_grid(gain: ShapeGain) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The grid both plans score: node counts k [K] = 0..max_nodes, and each shape's depth and
     width [S, 1] (float64)."""
-    k = torch.arange(gain.max_nodes + 1, dtype=torch.float64)
-    depth = torch.tensor([d for d, _ in gain.shapes], dtype=torch.float64).unsqueeze(1)
-    width = torch.tensor([w for _, w in gain.shapes], dtype=torch.float64).unsqueeze(1)
-    return k, depth, width
+    return gain.grid()[1:]
 
 
 def plan_shape(

@@ -40,6 +40,9 @@ class LinearLatency:
     version: int = 0
     _rows: deque = field(default_factory=deque, repr=False)
     _coef: torch.Tensor | None = field(default=None, repr=False)
+    # The same coefficients as floats: the predictions run on every plan and selection, and
+    # a 0-d tensor per coefficient cost a tensor op each time it was read.
+    _coef_values: list[float] | None = field(default=None, repr=False)
     _unfitted: int = field(default=0, repr=False)  # observations since the last fit
 
     def __post_init__(self) -> None:
@@ -95,7 +98,7 @@ class LinearLatency:
                 kept = latency <= STALL_FACTOR * predicted.clamp(min=1e-6)
                 if not torch.equal(kept, typical):  # else the fit above is the one
                     coef = self._fit(data[kept])
-            self._coef = coef
+            self._coef, self._coef_values = coef, coef.tolist()
         return self._coef
 
     def _predict_rows(self, x: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
@@ -142,9 +145,9 @@ class LinearLatency:
     def predict_tensor(self, *features: torch.Tensor | float) -> torch.Tensor | None:
         """`predict` for many points at once: one broadcastable tensor (or number) per feature;
         float64 latencies of the broadcast shape (None before any observation)."""
-        coef = self.coefficients()
-        if coef is None:
+        if self.coefficients() is None:
             return None
+        coef = self._coef_values
         terms = (c * torch.as_tensor(x, dtype=torch.float64) for c, x in zip(coef, features))
         latency = coef[-1] + sum(terms)
         return torch.as_tensor(latency, dtype=torch.float64).clamp(min=0.0)

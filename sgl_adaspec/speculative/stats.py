@@ -8,6 +8,7 @@ commits, the bonus token included (SGLang's accept length).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Trials the calibration must have learned from before its predictions count in the settled
@@ -97,14 +98,19 @@ class SpecStats:
     settled_calibrated: float = 0.0
     settled_observed: float = 0.0
     settled_iterations: int = 0
-    # The last plan of a cost-aware policy: what it chose and the figures behind it.
-    last_plan: dict | None = None
+    # The last plan of a cost-aware policy, built when read (`last_plan`).
+    plan_report: Callable[[], dict] | None = field(default=None, repr=False)
     t_spec_ms: float | None = None
     baseline_tpot_ms: float | None = None
     cost_profile: dict | None = None
     classes: dict[str, ClassStats] = field(default_factory=dict)
     # Exporters mirroring every observation (e.g. metrics.PrometheusSink).
     sinks: list = field(default_factory=list, repr=False)
+
+    @property
+    def last_plan(self) -> dict | None:
+        """The last plan of a cost-aware policy: what it chose and the figures behind it."""
+        return None if self.plan_report is None else self.plan_report()
 
     def observe_iteration(
         self, verified: list[int], accepted: list[int], budget: int, depth: int, width: int
