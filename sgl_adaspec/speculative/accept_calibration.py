@@ -56,6 +56,7 @@ class AcceptanceCalibration:
     _successes: torch.Tensor = field(default=None, repr=False)  # [bins] decayed
     _f_sums: torch.Tensor = field(default=None, repr=False)  # [bins] decayed sums of f
     _fit: tuple | None = field(default=None, repr=False)  # (knots f [M], rates [M])
+    _segments: tuple = field(default=(), repr=False)  # of the fit: 4 x [M - 1] (`_knots`)
 
     def __post_init__(self) -> None:
         edges = self.edges
@@ -121,18 +122,24 @@ class AcceptanceCalibration:
                     end = max(float(rate[-1]), min(scale, 1.0))
                     knots = torch.cat([knots, torch.ones(1, dtype=torch.float64)])
                     rate = torch.cat([rate, torch.tensor([end], dtype=torch.float64)])
-            self._fit = (torch.cat([zero, knots]), torch.cat([zero, rate]))
+            knots, rate = torch.cat([zero, knots]), torch.cat([zero, rate])
+            self._fit = (knots, rate)
+            # Per segment between two knots: its left end, width (kept off 0) and rise, read
+            # by every `apply` until the next outcome.
+            self._segments = (
+                knots[:-1], (knots[1:] - knots[:-1]).clamp(min=1e-12), rate[:-1],
+                rate[1:] - rate[:-1],
+            )  # fmt: skip
         return self._fit
 
     def apply(self, path_prob: torch.Tensor) -> torch.Tensor:
         """Calibrated f' = g(f) (0 stays 0), same shape and dtype as `path_prob`."""
-        knots, rate = self._knots()
+        knots, _ = self._knots()
         f = path_prob.double().cpu().clamp(0.0, 1.0)
-        right = torch.searchsorted(knots, f.contiguous()).clamp(1, len(knots) - 1)
-        x0, x1 = knots[right - 1], knots[right]
-        y0, y1 = rate[right - 1], rate[right]
-        share = ((f - x0) / (x1 - x0).clamp(min=1e-12)).clamp(0.0, 1.0)
-        calibrated = torch.where(f > 0, y0 + share * (y1 - y0), 0.0)
+        segment = torch.searchsorted(knots, f.contiguous()).clamp(1, len(knots) - 1) - 1
+        x0, dx, y0, dy = (part[segment] for part in self._segments)
+        share = ((f - x0) / dx).clamp(0.0, 1.0)
+        calibrated = torch.where(f > 0, y0 + share * dy, 0.0)
         return calibrated.to(path_prob.dtype).to(path_prob.device)
 
     def calibrated_sum(self, verified_f: torch.Tensor) -> float:

@@ -68,7 +68,7 @@ def test_tight_request_gets_its_quota_first_under_budget():
     # The paper's SLO phase (Algorithm 2, no per-request cap: the knee rule).
     policy = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="knee"))
     policy.observe_iteration(10.0)
-    selection, required, _ = policy.select(cands, slo)
+    selection, required, *_ = policy.select(cands, slo)
     assert required.tolist() == [0.0, pytest.approx(6.0)]  # (100 + 10) / 10 - 5
     assert selection.counts.tolist() == [0, 3]  # 5 - 2 roots, all to the late request
 
@@ -86,7 +86,7 @@ def test_cost_rule_slo_phase_skips_a_request_too_far_behind_to_catch_up_this_ite
     assert paper.select(cands, slo)[0].counts.tolist() == [3, 0]  # most behind first, all
     policy = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="cost"))
     policy.observe_iteration(10.0)
-    selection, required, _ = policy.select(cands, slo)
+    selection, required, *_ = policy.select(cands, slo)
     assert required.tolist() == [0.0, pytest.approx(2.5)]
     # Request 1 takes the .9 and .8 nodes that put it back on track (1 + 1.7 >= 2.5); the
     # last node of the budget goes batch-wide by f, to request 0's .9.
@@ -111,7 +111,7 @@ def test_cost_rule_asks_a_for_the_wall_time_prefill_stalls_included():
         decode_elapsed_ms=torch.tensor([50.0, 60.0], dtype=torch.float64),
         tokens_out=torch.tensor([5.0, 5.0], dtype=torch.float64),
     )
-    _, required, _ = policy.select(two_chains(), slo)
+    _, required, *_ = policy.select(two_chains(), slo)
     assert required.tolist() == pytest.approx([1.8, 2.8])  # (50 + 18) / 10 - 5, (60 + 18) ...
     # The paper's rule (knee) keeps AdaServe's A(r) over one iteration.
     paper = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="knee"))
@@ -163,7 +163,7 @@ def test_request_that_cannot_meet_its_slo_even_alone_is_served_best_effort():
     config = AdaserveConfig(budget=5, tree=AdaptiveTreeConfig(max_depth=4), budget_rule="knee")
     policy = AdaservePolicy(config)
     policy.observe_iteration(40.0)
-    selection, required, plan = policy.select(cands, slo)
+    selection, required, plan, _ = policy.select(cands, slo)
     assert policy.infeasible(slo, plan).tolist() == [True, False]
     assert required[0] == 0.0 and required[1] > 0
     assert selection.counts.tolist() == [0, 3]  # the budget goes to the request it can help
@@ -205,3 +205,27 @@ def test_server_policy_takes_b1_from_the_verify_budget_unless_set():
         build_policy(AdaspecConfig(spec_policy="adaserve")).config.tree.verify_tokens_per_step
         == 256
     )
+
+
+def test_the_decision_carries_the_calibrations_prediction_that_observe_would_compute():
+    """adaserve computes f' for its selection anyway: the outcome carries their sum, and the
+    statistics read it instead of calibrating the verified nodes again. It must be what the
+    calibration, as it stands before learning from this outcome, predicts for them."""
+    from tests.speculative.policy_inputs import iteration_input
+
+    policy = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="cost"))
+    # A calibration that is not the identity: f .9 / .7 accepted, .8 / .6 not.
+    f = torch.tensor([[0.9, 0.8, 0.7, 0.6]], dtype=torch.float64)
+    policy.acceptance.observe(f, torch.tensor([[True, False, True, False]]))
+    it = iteration_input(two_chains(), draft_steps=4, tpot_slo_ms=[10.0, 50.0])
+    decision = policy.decide(it)
+    outcome = make_outcome(
+        it, decision, rids=it.rids, context_tokens=200, accepted=torch.tensor([3, 2]),
+        verify_ms=9.0, iteration_ms=10.0,
+    )  # fmt: skip
+    expected = policy.acceptance.calibrated_sum(outcome.verified_f)
+    assert expected != pytest.approx(float(outcome.verified_f.sum()))  # calibrated, not raw f
+    assert outcome.predicted_accepted == expected
+    before = policy.stats.predicted_calibrated
+    policy.observe(outcome)
+    assert policy.stats.predicted_calibrated == pytest.approx(0.98 * before + expected)

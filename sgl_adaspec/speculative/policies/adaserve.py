@@ -761,9 +761,10 @@ class AdaservePolicy(PolicyBase):
         draft_steps: int | None = None,
         context_tokens: int = 0,
         draft_width: int | None = None,
-    ) -> tuple[Selection, torch.Tensor, Plan]:
+    ) -> tuple[Selection, torch.Tensor, Plan, float | None]:
         """Returns the selection, A(r) [B] it was computed for (0 for requests served best
-        effort, see `infeasible`), and the plan it followed."""
+        effort, see `infeasible`), the plan it followed, and the accepted draft tokens the
+        calibration expects of the selection (None under the knee rule, which reads raw f)."""
         plan = self.plan(cands)
         if self.config.budget_rule == "cost":
             # The draft already ran at its own shape: select within it.
@@ -771,7 +772,10 @@ class AdaservePolicy(PolicyBase):
             plan = Plan(depth, draft_width or plan.width, plan.budget)
         shaped = restrict_to_shape(cands, plan.depth, plan.width)
         if self.config.budget_rule == "cost":
-            calibrated = self.acceptance.apply(shaped.path_prob)
+            # In float64 for the prediction the outcome carries (`Decision.predicted_accepted`),
+            # in the draft's dtype for the selection, as before.
+            exact = self.acceptance.apply(shaped.path_prob.double())
+            calibrated = exact.to(shaped.path_prob.dtype)
             if self._reason == "planned":
                 self._planned_drafts += 1
             if not self._cold and (
@@ -806,18 +810,22 @@ class AdaservePolicy(PolicyBase):
         elif n_max is None:
             n_max = cands.num_nodes
         selection = select_adaserve(shaped, required, plan.budget, n_max)
-        return selection, required, plan
+        expected = None
+        if self.config.budget_rule == "cost":
+            expected = float(torch.where(selection.mask, exact, 0.0).sum())
+        return selection, required, plan, expected
 
     def decide(self, it: IterationInput) -> Decision:
         context = int(it.context_lens.sum())
         self._context_tokens = context
         self._context_per_request = context // max(it.cands.num_requests, 1)
-        selection, _required, plan = self.select(
+        selection, _required, plan, expected = self.select(
             it.cands, it.slo, it.draft_steps, context, it.draft_topk
         )
         return Decision(
-            selection, plan.depth, plan.width, plan.budget, self.infeasible(it.slo, plan)
-        )
+            selection, plan.depth, plan.width, plan.budget, self.infeasible(it.slo, plan),
+            predicted_accepted=expected,
+        )  # fmt: skip
 
     def infeasible(self, slo: SloBatch, plan: Plan) -> torch.Tensor:
         """[B] bool: requests whose TPOT SLO cannot be met even alone, i.e. even if every

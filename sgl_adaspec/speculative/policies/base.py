@@ -84,7 +84,9 @@ class Decision:
       budget: the verified-token cap it applied (roots included) -- all for the metrics;
     - infeasible [B] bool: requests whose SLO the policy found unreachable and serves best
       effort (counted in the statistics);
-    - early_exit: the verify pass's token-wise early exit (`early_exit`), or None."""
+    - early_exit: the verify pass's token-wise early exit (`early_exit`), or None;
+    - predicted_accepted: the accepted draft tokens the calibration expects of the selection,
+      where the policy computed the calibrated f' anyway (None: `observe` computes it)."""
 
     selection: Selection
     depth: int
@@ -92,6 +94,7 @@ class Decision:
     budget: int
     infeasible: torch.Tensor
     early_exit: EarlyExitPlan | None = None
+    predicted_accepted: float | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,8 @@ class Outcome:
     - verify_as_decode: the verify pass ran as a plain decode's forward (the plugin's CPU
       attention for one node per request: no mask, `platform/cpu/attention.py`), a path a tree
       verify does not take;
+    - predicted_accepted: the calibration's expected accepted draft tokens of what was
+      verified, where the decision computed it (`Decision.predicted_accepted`), else None;
     - warm_up: the server's first speculative iteration. Its time may include one-off
       set-up (the draft's first forwards, the first calls of the tree and selection ops), so
       it prices nothing: on the tiny bigram pair it took 0.65-1.8x the next ones in fresh
@@ -145,6 +150,7 @@ class Outcome:
     stall_ms: float = 0.0
     warm_up: bool = False
     verify_as_decode: bool = False
+    predicted_accepted: float | None = None
 
     @property
     def speculated(self) -> bool:
@@ -202,6 +208,7 @@ def make_outcome(
         stall_ms=stall_ms,
         warm_up=warm_up,
         verify_as_decode=verify_as_decode,
+        predicted_accepted=decision.predicted_accepted,
     )
 
 
@@ -274,10 +281,14 @@ class PolicyBase:
             if outcome.speculated:
                 self.observe_outcome(outcome.rids, outcome.verified, outcome.accepted)
             if outcome.verified_f is not None and not self.draft_is_stale():
-                # The prediction is the calibration's before it learns from this outcome.
+                # The prediction is the calibration's before it learns from this outcome (the
+                # decision's, where it computed it: the same calibration, one call fewer).
+                predicted = outcome.predicted_accepted
+                if predicted is None:
+                    predicted = self.acceptance.calibrated_sum(outcome.verified_f)
                 self.stats.observe_calibration(
                     float(outcome.verified_f.sum()),
-                    self.acceptance.calibrated_sum(outcome.verified_f),
+                    predicted,
                     float(outcome.accepted.sum()) - len(outcome.rids),
                 )
                 if outcome.accepted_nodes is not None:
