@@ -55,8 +55,9 @@ class AcceptanceCalibration:
     _trials: torch.Tensor = field(default=None, repr=False)  # [bins] decayed
     _successes: torch.Tensor = field(default=None, repr=False)  # [bins] decayed
     _f_sums: torch.Tensor = field(default=None, repr=False)  # [bins] decayed sums of f
-    _fit: tuple | None = field(default=None, repr=False)  # (knots f [M], rates [M])
-    _segments: tuple = field(default=(), repr=False)  # of the fit: 4 x [M - 1] (`_knots`)
+    # (knots f [M], rates [M]) and, per segment between two knots, its left end, width (kept
+    # off 0), left rate and rise (4 x [M - 1]), read by every `apply` until the next outcome.
+    _fit: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         edges = self.edges
@@ -96,8 +97,9 @@ class AcceptanceCalibration:
         self._fit = None
         self.version += 1
 
-    def _knots(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(f [M] ascending, g [M] non-decreasing), (0, 0) first: the bins with trials."""
+    def _knots(self) -> tuple:
+        """(f [M] ascending, g [M] non-decreasing, (0, 0) first: the bins with trials; the
+        segments between them)."""
         if self._fit is None:
             seen = self._trials > 1e-6
             trials = self._trials[seen]
@@ -123,21 +125,19 @@ class AcceptanceCalibration:
                     knots = torch.cat([knots, torch.ones(1, dtype=torch.float64)])
                     rate = torch.cat([rate, torch.tensor([end], dtype=torch.float64)])
             knots, rate = torch.cat([zero, knots]), torch.cat([zero, rate])
-            self._fit = (knots, rate)
-            # Per segment between two knots: its left end, width (kept off 0) and rise, read
-            # by every `apply` until the next outcome.
-            self._segments = (
+            segments = (
                 knots[:-1], (knots[1:] - knots[:-1]).clamp(min=1e-12), rate[:-1],
                 rate[1:] - rate[:-1],
             )  # fmt: skip
+            self._fit = (knots, rate, segments)
         return self._fit
 
     def apply(self, path_prob: torch.Tensor) -> torch.Tensor:
         """Calibrated f' = g(f) (0 stays 0), same shape and dtype as `path_prob`."""
-        knots, _ = self._knots()
+        knots, _, segments = self._knots()
         f = path_prob.double().cpu().clamp(0.0, 1.0)
         segment = torch.searchsorted(knots, f.contiguous()).clamp(1, len(knots) - 1) - 1
-        x0, dx, y0, dy = (part[segment] for part in self._segments)
+        x0, dx, y0, dy = (part[segment] for part in segments)
         share = ((f - x0) / dx).clamp(0.0, 1.0)
         calibrated = torch.where(f > 0, y0 + share * dy, 0.0)
         return calibrated.to(path_prob.dtype).to(path_prob.device)

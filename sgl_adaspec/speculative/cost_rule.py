@@ -112,8 +112,9 @@ class ShapeGain:
         return self.grid()[0]
 
     def grid(self) -> tuple:
-        """(`shapes`, node counts k [K + 1] = 0..max_nodes, depth [S, 1], width [S, 1]
-        float64), built once per grid: every plan and draft read reads them."""
+        """What both plans score (`plan_shape`, `speculation_pays`): (`shapes`, node counts
+        k [K + 1] = 0..max_nodes, each shape's depth [S, 1] and width [S, 1], float64), built
+        once per grid: every plan and every read of a draft reads them."""
         key = (self.max_depth, self.max_width, self.max_nodes)
         if self._grid_of is None or self._grid_of[0] != key:
             widths = draft_widths(self.max_width) if self.max_width else ()
@@ -368,12 +369,6 @@ class PlanChoice:
         }
 
 
-def _shape_grid(gain: ShapeGain) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The grid both plans score: node counts k [K] = 0..max_nodes, and each shape's depth and
-    width [S, 1] (float64)."""
-    return gain.grid()[1:]
-
-
 def plan_shape(
     *,
     slo: SloBatch,
@@ -420,7 +415,7 @@ def plan_shape(
     shapes = gain.shapes
     # No beam holds more than d x w nodes per request: counts past that verify nothing more.
     size = min(gain.max_nodes, gain.max_depth * gain.max_width) + 1
-    k, depth, width = _shape_grid(gain)
+    _, k, depth, width = gain.grid()
     k = k[:size]
     draft = draft_ms(depth, draft_rows(depth, width, n))  # [S, 1]
     if draft is None or verify_ms(torch.tensor([float(n)]), context_tokens) is None:
@@ -539,7 +534,7 @@ def speculation_pays(
     unknown = torch.ones(loads.shape, dtype=torch.bool)
     if gain.table is None or plain_ms is None:
         return unknown
-    k, depth, width = _shape_grid(gain)
+    _, k, depth, width = gain.grid()
     n = loads.view(-1, 1, 1)  # [L, 1, 1]
     verify = verify_ms(n * (1 + k), n * context_per_request)  # [L, 1, K]
     draft = draft_ms(depth, draft_rows(depth, width, n))  # [L, S, 1]
