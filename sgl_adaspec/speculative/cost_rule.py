@@ -5,14 +5,15 @@ curve's length. Terms as in `speculative/candidates.py`; f' is the calibrated pa
 (`accept_calibration`), so the expected accepted draft tokens of a set of nodes is their sum of
 f' (AdaServe Theorem 3.1 with calibrated probabilities).
 
-Before the draft (`plan_shape`): for every draft shape (d, w) and node counts k_g per request
-of each SLO group g (n_g requests), an iteration of T = draft ms(d, rows) + verify ms(n + sum
-n_g k_g, context) commits each request of group g 1 + gain_g(d, w, k_g) tokens (`ShapeGain`,
-learned from the drafts that ran; a group the draft reads well is worth more nodes than one it
-reads badly); the objective counts those tokens in full up to each request's need and at a
-small weight beyond, per ms. A plain decode is scored the same way, so on hardware where
-verifying or drafting costs more than it returns the plan is depth 0, and where verification
-is nearly free the full tree wins.
+Before the draft (`plan_shape`): for every draft shape (d, w) and node count k per request, an
+iteration of T = draft ms(d, rows) + verify ms(n (1 + k), context) commits each request of SLO
+group g 1 + gain_g(d, w, k) tokens (`ShapeGain`, learned from the drafts that ran: the group's
+share of the batch's n k best nodes, as the selection spends them); the objective is how many
+requests that pace keeps on course for their SLO (`SloOutlook`), throughput breaking ties. A
+plain decode is scored the same way, and no shape may slow a request below a plain decode's
+pace where a plain decode would keep it on course, so on hardware where verifying or drafting
+costs more than it returns the plan is depth 0, and where verification is nearly free the
+full tree wins.
 After the draft (`cost_budget`), with the draft paid: the prefix of the batch-wide ranking by
 f' that maximizes expected committed tokens per ms.
 """
@@ -37,10 +38,9 @@ from sgl_adaspec.speculative.shapes import beams_of_widths
 LatencyFn = Callable[..., torch.Tensor | None]
 
 
-# Per-group node counts in `plan_shape`: rounds of coordinate ascent from the common count,
-# over the shapes that score best with the common count.
-GROUP_PASSES = 1
-GROUP_SHAPES = 4
+# `plan_shape`'s tie-break: per request-equivalent, the speed-up over a plain decode's tokens
+# per ms; small beside one request kept on course for its SLO.
+THROUGHPUT_TIE = 0.01
 
 
 def draft_widths(max_width: int) -> tuple[int, ...]:
@@ -71,8 +71,9 @@ class ShapeGain:
     tokens per request of k nodes per request spent batch-wide within the beam of depth d and
     width w (`pooled_gain`: a draft's n k best nodes by f'), averaged over the requests of the
     last `drafts` drafts that reached that shape; over all requests (`table`) and per SLO group
-    (`group_table`, pooled within the group), since requests of different classes are accepted
-    differently.
+    (`group_table`: what the group's requests get of the n k best nodes of all), since
+    requests of different classes are accepted differently and the batch-wide ranking gives
+    the better-read ones more of the budget.
 
     The shapes are a grid: depths 1..max_depth, widths `draft_widths(max_width)`, fixed by the
     first draft (the configured search). A draft of shape (D, W) shows every shape (d <= D,
@@ -189,13 +190,21 @@ class ShapeGain:
         # recalibration, summing the empty rows was most of the gain table's time.
         filler = node_ids.new_full((), bsz * nodes)
         ranked, node_ids = ranked[reached], node_ids[reached]
+        # Each SLO group's pool is its share of the pool of all requests: the selection
+        # after the draft ranks the whole batch by f', so a group the draft reads badly gets
+        # fewer of the batch's nodes than its requests' count times k. Pooled within each
+        # group instead, the plan expected chat to verify 4.8 nodes per request where it
+        # verified 2.6, and 3.5 tokens where it committed 2.8 (simulator, a100 rate 8).
+        seen_rows = int(seen.sum())
+        pooled = torch.sort(ranked[:, seen].flatten(1), dim=1, descending=True)
+        length = int((pooled.values > 0).sum(dim=1).max())
+        ids = node_ids[:, seen].flatten(1).gather(1, pooled.indices[:, :length])
+        ids = torch.where(pooled.values[:, :length] > 0, ids, filler)
+        owner = torch.div(ids, nodes, rounding_mode="floor")  # [S_r, L]; the filler: row bsz
         pools = {}
         for key, members in rows.items():
-            pooled = torch.sort(ranked[:, members].flatten(1), dim=1, descending=True)
-            length = int((pooled.values > 0).sum(dim=1).max())
-            ids = node_ids[:, members].flatten(1).gather(1, pooled.indices[:, :length])
-            ids = torch.where(pooled.values[:, :length] > 0, ids, filler)
-            pools[key] = (ids, int(members.sum()))
+            of_group = torch.cat([members, torch.zeros(1, dtype=torch.bool)])[owner]
+            pools[key] = (torch.where(of_group, ids, filler), int(members.sum()), seen_rows)
         flat_f = torch.cat([f.flatten().cpu(), torch.zeros(1, dtype=torch.float64)])
         self._drafts.append(_KeptDraft(flat_f, pools, reached))
         while len(self._drafts) > self.drafts:
@@ -214,7 +223,7 @@ class ShapeGain:
         # of the drafts that reached each shape, and those rows [S].
         pooled: dict = {}  # per group: its (gains [S, K], row count, reached shapes) per draft
         for draft in self._drafts:
-            for key, (_, count) in draft.pools.items():
+            for key, (_, count, _) in draft.pools.items():
                 pooled.setdefault(key, []).append((draft.gains[key], count, draft.reached))
         sums: dict = {}
         for key, drafts in pooled.items():
@@ -260,15 +269,15 @@ class ShapeGain:
         pooled: dict = {}  # per group: its (pool, row count, draft) per draft
         for draft, start in zip(drafts, starts):
             draft.fit, draft.gains = fit, {}
-            for key, (pool, count) in draft.pools.items():
-                pooled.setdefault(key, []).append((pool + start, count, draft))
+            for key, (pool, count, pool_rows) in draft.pools.items():
+                pooled.setdefault(key, []).append((pool + start, (count, pool_rows), draft))
         for key, entries in pooled.items():
             rows = _stacked([pool for pool, _, _ in entries], zero)  # [sum of S_r, L]
-            requests = torch.repeat_interleave(
-                torch.tensor([count for _, count, _ in entries]),
-                torch.tensor([len(pool) for pool, _, _ in entries]),
-            )
-            gained = pooled_gain(node_f[rows].unsqueeze(1), requests, self.max_nodes)
+            lengths = torch.tensor([len(pool) for pool, _, _ in entries])
+            counts = torch.tensor([[c, r] for _, (c, r), _ in entries])  # [E, 2]
+            requests = torch.repeat_interleave(counts[:, 0], lengths)
+            pool_rows = torch.repeat_interleave(counts[:, 1], lengths)
+            gained = pooled_gain(node_f[rows].unsqueeze(1), requests, self.max_nodes, pool_rows)
             reached = torch.stack([draft.reached for _, _, draft in entries])  # [E, S]
             gains = gained.new_zeros(*reached.shape, self.max_nodes)
             gains[reached] = gained[:, 0]  # row-major: the pools' order
@@ -279,8 +288,10 @@ class ShapeGain:
 @dataclass
 class _KeptDraft:
     """What `ShapeGain` keeps of one draft: its nodes' raw f [B * N + 1] (the last: 0), per
-    group (each SLO group's key, and _ALL) its pool [S_r, L] (node indices, best first, for
-    each of the S_r shapes it reached) and rows R, the shapes it reached [S] bool, and its
+    group (each SLO group's key, and _ALL) its share of the pool of all requests [S_r, L]
+    (node indices, best first, for each of the S_r shapes it reached; the other requests'
+    nodes read as the last node, f = 0), its rows R and the pool's rows, the shapes it
+    reached [S] bool, and its
     gains per group [S, K] with the fit they were computed under (`ShapeGain.refresh`; none
     until the first refresh after it)."""
 
@@ -305,11 +316,14 @@ def _beams_within(
     return beams_of_widths(cands, depth, widths)
 
 
-def pooled_gain(pool: torch.Tensor, requests: torch.Tensor, nodes: int) -> torch.Tensor:
-    """pool [E, S, L]: per entry e and shape, the f' of R_e = requests[e] requests' ranked
-    nodes pooled, best first (the nodes past L read 0) -> [E, S, K = nodes]: for k = 1..K, the
-    expected accepted draft tokens per request of the R_e * k best nodes of all R_e (a
-    batch-wide budget of k nodes per request, as `cost_budget` spends it). Pooled, not each
+def pooled_gain(
+    pool: torch.Tensor, requests: torch.Tensor, nodes: int, pool_rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """pool [E, S, L]: per entry e and shape, the f' of the ranked nodes of a pool of P_e =
+    pool_rows[e] requests (default: requests[e]), best first (the nodes past L read 0; nodes
+    of requests outside the R_e = requests[e] counted read 0 too) -> [E, S, K = nodes]: for
+    k = 1..K, the expected accepted draft tokens per counted request of the pool's P_e * k best
+    nodes (a batch-wide budget of k nodes per request, as `cost_budget` spends it). Pooled, not each
     request's own k best: requests the draft reads well take more than k nodes and hard ones
     fewer, which returns more, the more so the deeper the shape (measured in the simulator: a
     5-deep chain's per-request mean under-predicted what it committed by 11 %, a 2-deep one's
@@ -318,7 +332,8 @@ def pooled_gain(pool: torch.Tensor, requests: torch.Tensor, nodes: int) -> torch
     if length == 0:
         return pool.new_zeros(entries, shapes, nodes)
     k = torch.arange(1, nodes + 1, device=pool.device)
-    taken = (k.unsqueeze(0) * requests.unsqueeze(1) - 1).clamp(max=length - 1)  # [E, K]
+    pool_rows = requests if pool_rows is None else pool_rows
+    taken = (k.unsqueeze(0) * pool_rows.unsqueeze(1) - 1).clamp(max=length - 1)  # [E, K]
     best = torch.gather(pool.cumsum(2), 2, taken.unsqueeze(1).expand(-1, shapes, -1))
     return best / requests.view(-1, 1, 1)
 
@@ -377,38 +392,36 @@ def plan_shape(
     verify_ms: LatencyFn,
     draft_ms: LatencyFn,
     plain_ms: float,
-    surplus_weight: float = 0.1,
     margin: float = 0.0,
     wall_per_decode: float = 1.0,
+    spread: float = 0.0,
 ) -> PlanChoice | None:
-    """Before the draft: the shape (d, w) and the node count k_g per request of each SLO group
-    g that maximize the SLO-aware objective over every shape `gain` has seen; depth 0 when a
-    plain decode scores at least as high. None when a model has no observation yet.
+    """Before the draft: the shape (d, w) and node count k per request that keep the most
+    running requests on course for their SLO (`SloOutlook`), the most committed tokens per ms
+    breaking ties, over every shape `gain` has seen; depth 0 when a plain decode scores at
+    least as high. None when a model has no observation yet.
 
     slo: the running requests' SLO state; plain_ms: a plain iteration's predicted wall time
     (measured apart: `PolicyBase.plain_latency`); margin: how much more tokens per ms than a
-    plain decode every SLO group must expect for speculation to be chosen (asked of tokens per
-    ms, not of the objective, which moves a tenth as much for requests ahead of their SLO);
+    plain decode a guarded SLO group must expect for speculation to be chosen;
     wall_per_decode: the wall time a request spends per ms of decode iterations, stalls for
-    prefills included (`PolicyBase.wall_per_decode`).
-    A request of group g commits e(s, k_g) = 1 + its group's gain tokens in an iteration of
-    T(s, n + sum of n_g k_g verified tokens) ms.
-    What it needs in that iteration is its A(r) for the wall time W = T x wall_per_decode the
-    iteration and the stalls that follow it take (what puts it back on its SLO track), and at
-    least its SLO's pace W / SLO. Its tokens count in full up to that
-    need and with weight `surplus_weight` beyond it; a best-effort request's count in full.
-    The objective is the batch's counted tokens per ms: speed goes first to the requests that
-    need it, the rest of the choice is throughput, which also drains the queue. A shape under
-    which some SLO group expects fewer tokens per ms than a plain decode gives (by `margin`,
-    to switch) is no choice: no request is slowed down to speed up others (a request blind to
-    the draft, `SloBatch.draft_blind`, gains nothing from any shape, so while one runs the plan
-    is a plain decode). The draft's cost
-    is priced by its rows, so a wide beam must return more than its n * w rows per step cost
-    (past the peak load a chain beats a wider tree). The k_g start equal (the best common k
-    per shape) and then each group's is chosen in turn, the others held (`GROUP_PASSES`
-    rounds); a turn takes its group's best count given the others', which scores at least as
-    high as the count it had, so the result scores at least as high as the best common k.
-    Groups take their turns in a fixed order (sorted keys), so a plan is reproducible."""
+    prefills included (`PolicyBase.wall_per_decode`); spread: the measured spread of the log
+    wall time of iterations (`PolicyBase.wall_spread`), how uncertain a request's future pace
+    is.
+    A request of group g commits e(s, k) = 1 + its group's gain tokens (its share of the
+    batch-wide k best nodes per request, as the selection after the draft spends them) in an
+    iteration of T(s, n (1 + k) verified tokens) ms, and W = T x wall_per_decode passes.
+    The objective is the expected count of SLO requests that pace keeps on course, plus
+    `THROUGHPUT_TIE` per request-equivalent of speed-up over a plain decode: speed goes to
+    the requests whose SLO it decides, not to those far ahead or beyond recovery; the rest of
+    the choice is throughput, which also drains the queue. A shape under which some guarded
+    SLO group expects fewer tokens per ms than a plain decode gives (by `margin`, to switch)
+    is no choice: no request that a plain decode would keep on its SLO is slowed down to
+    speed up others. A group guards its requests where a plain decode would keep at least
+    one of them on course; every best-effort group is guarded (a request blind to the draft,
+    `SloBatch.draft_blind`, gains nothing from any shape, so while a guarded one runs the
+    plan is a plain decode). The draft's cost is priced by its rows, so a wide beam must
+    return more than its n * w rows per step cost."""
     n = slo.num_requests
     if gain.table is None or n == 0:
         return None
@@ -421,90 +434,66 @@ def plan_shape(
     if draft is None or verify_ms(torch.tensor([float(n)]), context_tokens) is None:
         return None
     plain_ms = torch.full((1, 1), max(plain_ms, 1e-9))
+    plain_wall = plain_ms * wall_per_decode
     keys = slo_group_keys(slo.tpot_slo_ms)
     blind = slo.draft_blind if slo.draft_blind is not None else torch.zeros(n, dtype=torch.bool)
     # Requests blind to the draft (prefilled without it) commit their bonus token alone,
     # whatever the shape: a group of their own within their SLO group.
-    groups = []  # (requests, expected tokens [S, K], SloCount or None: best effort)
-    plain_counted = 0.0
-    plain_wall = plain_ms * wall_per_decode
+    groups = []  # (requests, expected tokens [S, K], SloOutlook or None: best effort, guarded)
+    plain_kept = 0.0
     for key, is_blind in sorted({(key, bool(b)) for key, b in zip(keys, blind.tolist())}, key=str):
         members = torch.tensor([k == key for k in keys]) & (blind == is_blind)
-        count = int(members.sum())
         expected = 1.0 + gain.group_table(key)[:, :size]  # [S, K]
         if is_blind:
             expected = torch.ones_like(expected)
-        group = None
-        if key is not None:
-            group = SloCount.of(slo, members, surplus_weight)
-            plain_counted += float(group.counted(torch.ones_like(plain_ms), plain_wall).sum())
-        else:
-            plain_counted += count
-        groups.append((count, expected, group))
+        outlook = None if key is None else SloOutlook.of(slo, members, spread)
+        guarded = True
+        if outlook is not None:
+            plain_kept += float(outlook.kept(torch.ones_like(plain_ms), plain_wall).sum())
+            guarded = outlook.kept_by(plain_wall)
+        groups.append((int(members.sum()), expected, outlook, guarded))
 
-    def score(alloc: list[torch.Tensor], rows: torch.Tensor):
-        """alloc: per group, [S', K'] node counts per request for the shapes `rows` [S'] ->
-        objective, committed tokens and iteration ms, each [S', K']."""
-        tokens = n + sum(count * a for (count, _, _), a in zip(groups, alloc))
-        iteration = (verify_ms(tokens.double(), context_tokens) + draft[rows]).clamp(min=1e-9)
-        wall = iteration * wall_per_decode
-        counted = torch.zeros_like(iteration)
-        committed = torch.zeros_like(iteration)
-        slowest = torch.full_like(iteration, math.inf)
-        for (count, expected, group), a in zip(groups, alloc):
-            e = torch.gather(expected[rows], 1, a)  # [S', K']
-            committed += count * e
-            slowest = torch.minimum(slowest, e)
-            counted += count * e if group is None else group.counted(e, wall)
-        objective = counted / iteration
-        # A draft with no node verified is never better than a plain decode.
-        objective[(tokens == n) | ~gain.reached[rows].unsqueeze(1)] = -1.0
-        # No request is served slower than a plain decode would serve it: every SLO group
-        # must expect more tokens per ms than a plain decode gives (by `margin` to switch),
-        # or the allocation is not a choice, however much the others gain.
-        objective[slowest / iteration < (1.0 + margin) / plain_ms] = -1.0
-        return objective, committed, iteration
-
-    every = torch.arange(len(shapes))
-    outcome = score([k.long().expand(len(shapes), size)] * len(groups), every)
-    objective = outcome[0]
-    # Per shape, the best node count per request, the same for every group; then, for the
-    # best few shapes, each group's own count in turn, the others held: a group the draft
-    # reads well is worth a deeper verify than one it reads badly, as the batch-wide ranking
-    # after the draft (`cost_budget`) will spend it.
-    rows = objective.amax(dim=1).topk(min(GROUP_SHAPES, len(shapes))).indices  # [S']
-    scored = [t[rows] for t in outcome]  # the last scoring, [S', K] each
-    pick = objective[rows].argmax(dim=1, keepdim=True)  # [S', 1]: its chosen column
-    alloc = [pick] * len(groups)
-    grid = k.long().expand(len(rows), size)
-    for _ in range(GROUP_PASSES if len(groups) > 1 else 0):
-        for g in range(len(groups)):
-            trial = [grid if h == g else a.expand(-1, size) for h, a in enumerate(alloc)]
-            scored = score(trial, rows)
-            alloc[g] = pick = scored[0].argmax(dim=1, keepdim=True)
-    # The last scoring differs from the final allocation only in its free column: read it
-    # there rather than score again.
-    objective, committed, iteration = (t.gather(1, pick) for t in scored)  # [S', 1]
-    s = int(torch.argmax(objective[:, 0]))  # a row of `rows`
-    d, w = shapes[int(rows[s])]
-    nodes = sum(count * int(a[s, 0]) for (count, _, _), a in zip(groups, alloc))
-    tokens, ms, plain = float(committed[s, 0]), float(iteration[s, 0]), float(plain_ms)
-    if float(objective[s, 0]) < 0:
+    k_all = k.long().expand(len(shapes), size)  # one count for every group: the selection
+    verified = n + n * k_all  # ranks the batch as one
+    iteration = (verify_ms(verified.double(), context_tokens) + draft).clamp(min=1e-9)  # [S, K]
+    wall = iteration * wall_per_decode
+    kept = torch.zeros_like(iteration)
+    committed = torch.zeros_like(iteration)
+    slowest = torch.full_like(iteration, math.inf)
+    for count, expected, outlook, guarded in groups:
+        committed += count * expected
+        if guarded:
+            slowest = torch.minimum(slowest, expected)
+        if outlook is not None:
+            kept += outlook.kept(expected, wall)
+    speedup = committed / iteration * (plain_ms / n)  # over a plain decode's tokens per ms
+    objective = kept + THROUGHPUT_TIE * speedup
+    # A draft with no node verified is never better than a plain decode.
+    objective[(verified == n) | ~gain.reached.unsqueeze(1)] = -1.0
+    # No request a plain decode would keep on its SLO is served slower than a plain decode
+    # would serve it (by `margin` to switch), however many others the shape would keep.
+    objective[slowest / iteration < (1.0 + margin) / plain_ms] = -1.0
+    best, count = divmod(int(objective.argmax()), size)
+    d, w = shapes[best]
+    nodes = count * n
+    score = float(objective[best, count])
+    tokens, ms, plain = float(committed[best, count]), float(iteration[best, count]), float(plain_ms)
+    if score < 0:
         # No allocation is a choice: the plan reports the draft that comes nearest (the most
         # committed tokens per ms), not whichever verifies nothing ("best draft 1.00 tokens
         # per request", as the demo printed). Reported only: a plan that stands down is used
         # for its plain price.
-        rate = outcome[1] / outcome[2]  # [S, K], one node count for every request
+        rate = committed / iteration
         rate[:, 0] = -math.inf
         rate[~gain.reached] = -math.inf
         if float(rate.max()) > -math.inf:
-            best, count = divmod(int(rate.argmax()), size)
-            d, w = shapes[best]
-            nodes = count * n
-            tokens, ms = float(outcome[1][best, count]), float(outcome[2][best, count])
+            best_, count_ = divmod(int(rate.argmax()), size)
+            d, w = shapes[best_]
+            nodes = count_ * n
+            tokens, ms = float(committed[best_, count_]), float(iteration[best_, count_])
     choice = PlanChoice(
-        d, w, round(nodes / n), tokens / n, tokens / ms, n / plain, ms, plain,
-        float(objective[s, 0]), plain_counted / plain,
+        d, w, round(nodes / n), tokens / n, tokens / ms, n / plain, ms, plain, score,
+        plain_kept + THROUGHPUT_TIE,
     )  # fmt: skip
     if choice.objective <= choice.plain_objective:
         return dataclasses.replace(choice, depth=0, nodes_per_request=0)
@@ -548,45 +537,55 @@ def speculation_pays(
 
 
 @dataclass(frozen=True)
-class SloCount:
-    """How `plan_shape` counts the tokens of one SLO group's requests: a request r of TPOT
-    SLO t that commits e tokens while W ms pass needs n_r = W / t + lag_r, lag_r = max(its
-    elapsed decode time / t - its tokens, 0) (its A(r) for W ms, and at least its SLO's pace);
-    its e counts in full up to n_r and at `surplus_weight` beyond:
-        e - (1 - surplus_weight) max(e - W / t - lag_r, 0).
-    Summed over the group, that is R e - (1 - surplus_weight) (m x - the m smallest lags),
-    x = e - W / t and m the number of lags below x: with the lags sorted once per plan, a
-    count costs the same at any group size (per request, the [R, S, K] tensors of every
-    scoring were most of a plan's time under load). Requests of different SLOs within the
-    group (SLOs within `slo_group_keys`' rounding) are summed per SLO.
-    Per SLO: tpot [1], sorted lags [R_t] and their prefix sums [R_t + 1] (0 first)."""
+class SloOutlook:
+    """Which of one SLO group's requests an iteration keeps on course for their SLO. A request
+    of TPOT SLO t that has committed o tokens in l ms of decoding (q = l / (o t): its TPOT so
+    far over its SLO; 1 before its first token) ends within its SLO if it commits as many
+    tokens again at no more than (2 - q) t ms each. An iteration whose wall time W (stalls
+    included) commits it e tokens sets that pace if rho = e t / W >= theta = 1 / (2 - q); a
+    request at twice its SLO or past it (q >= 2) is beyond recovery over that horizon. Later
+    iterations' pace is uncertain: with the measured spread sigma of the log wall time of
+    iterations, a request counts Phi(log(rho / theta) / sigma), 1 or 0 at sigma = 0.
+    Per SLO of the group (SLOs within `slo_group_keys`' rounding): tpot, and the requests'
+    log theta [R_t] sorted (inf: beyond recovery)."""
 
-    surplus_weight: float
-    per_slo: tuple[tuple[float, torch.Tensor, torch.Tensor], ...]
+    spread: float
+    per_slo: tuple[tuple[float, torch.Tensor], ...]
 
     @classmethod
-    def of(cls, slo: SloBatch, members: torch.Tensor, surplus_weight: float) -> SloCount:
+    def of(cls, slo: SloBatch, members: torch.Tensor, spread: float) -> SloOutlook:
         """The group of `slo`'s requests `members` [B] bool."""
         per_slo = []
         for tpot in torch.unique(slo.tpot_slo_ms[members]).tolist():
             rows = members & (slo.tpot_slo_ms == tpot)
-            lag = (slo.decode_elapsed_ms[rows] / tpot - slo.tokens_out[rows]).clamp(min=0)
-            lag = torch.sort(lag.double()).values
-            prefix = torch.nn.functional.pad(lag.cumsum(0), (1, 0))
-            per_slo.append((tpot, lag, prefix))
-        return cls(surplus_weight, tuple(per_slo))
+            tokens = slo.tokens_out[rows].double()
+            elapsed = slo.decode_elapsed_ms[rows].double()
+            ratio = torch.where(tokens > 0, elapsed / (tokens.clamp(min=1.0) * tpot), 1.0)
+            log_theta = torch.where(ratio < 2.0, -torch.log((2.0 - ratio).clamp(min=1e-9)), math.inf)
+            per_slo.append((tpot, torch.sort(log_theta).values))
+        return cls(spread, tuple(per_slo))
 
-    def counted(self, expected: torch.Tensor, wall_ms: torch.Tensor) -> torch.Tensor:
+    def kept(self, expected: torch.Tensor, wall_ms: torch.Tensor) -> torch.Tensor:
         """expected [S, K]: tokens an iteration commits for each request of the group while
-        wall_ms [S, K] pass (the iteration and its stalls) -> [S, K]: the group's tokens as
-        `plan_shape` counts them."""
+        wall_ms [S, K] pass (the iteration and its stalls) -> [S, K]: the group's requests it
+        keeps on course (expected count)."""
         total = 0.0
-        for tpot, lag, prefix in self.per_slo:
-            surplus = (expected - wall_ms / tpot).contiguous()  # x
-            below = torch.searchsorted(lag, surplus)  # m: lags < x
-            beyond = below * surplus - prefix[below]  # sum of max(x - lag, 0)
-            total = total + len(lag) * expected - (1.0 - self.surplus_weight) * beyond
+        for tpot, log_theta in self.per_slo:
+            log_rho = torch.log((expected * tpot / wall_ms).clamp(min=1e-12)).contiguous()
+            if self.spread > 0:
+                z = (log_rho.unsqueeze(-1) - log_theta) / self.spread  # [S, K, R_t]
+                total = total + torch.special.ndtr(z).sum(-1)
+            else:
+                total = total + torch.searchsorted(log_theta, log_rho, right=True).double()
         return total
+
+    def kept_by(self, plain_wall_ms: torch.Tensor) -> bool:
+        """Whether a plain decode (one token per `plain_wall_ms` [1, 1]) keeps at least one
+        of the group's requests on course."""
+        return any(
+            bool(log_theta[0] <= math.log(tpot / float(plain_wall_ms)))
+            for tpot, log_theta in self.per_slo
+        )
 
 
 def cost_budget(

@@ -650,6 +650,8 @@ class AdaservePolicy(PolicyBase):
             "delivered_over_planned": round(self.record_at(num_requests).ratio, 3),
             # Wall time per ms of decode iterations, prefill stalls included: the pace of needs.
             "wall_per_decode": round(self.wall_per_decode, 3),
+            # The spread of iterations' log wall time: how uncertain a request's pace is.
+            "wall_spread": round(self.wall_spread, 3),
         }
         if shape is not None:
             report.update(depth=shape[0], width=shape[1])
@@ -690,6 +692,7 @@ class AdaservePolicy(PolicyBase):
         # In steps of 2 %, so the plan cache survives the record's drift.
         margin = round(self.record_at(slo.num_requests).required_edge(base) * 50) / 50
         pace = round(self.wall_per_decode * 20) / 20  # in steps of 5 %, as the margin
+        spread = round(self.wall_spread * 20) / 20
         # No fit's version: they move every iteration, and re-planning on each cost ~6 ms of
         # a ~46 ms speculative iteration at 8 requests on the tiny bigram pair (ad hoc timing,
         # 2026-11-28). The context is coarse because at 8 short prompts it grows ~10 % per
@@ -707,7 +710,7 @@ class AdaservePolicy(PolicyBase):
         if (
             uses < PLAN_REUSE and same_batch(made_for[0], batch)
             and abs(margin - made_for[1]) < 0.03 and abs(pace - made_for[2]) < 0.06
-            and abs(math.log2(context / made_for[3])) < 0.5
+            and abs(math.log2(context / made_for[3])) < 0.5 and abs(spread - made_for[4]) < 0.06
         ):  # fmt: skip
             self._plan_cache[key] = (cached_plan, uses + 1, made_for)
             return self._note_standing(batch, batch_plan, cached_plan)
@@ -733,10 +736,11 @@ class AdaservePolicy(PolicyBase):
             plain_ms=plain_ms or 0.0,
             margin=margin,
             wall_per_decode=pace,
+            spread=spread,
         )
         if key not in self._plan_cache and len(self._plan_cache) >= 2:  # a plan and a floor's
             del self._plan_cache[next(iter(self._plan_cache))]
-        self._plan_cache[key] = (planned, 1, (batch, margin, pace, context))
+        self._plan_cache[key] = (planned, 1, (batch, margin, pace, context, spread))
         return self._note_standing(batch, batch_plan, planned)
 
     def _note_standing(self, batch: dict, batch_plan: bool, planned):

@@ -22,6 +22,7 @@ statistics object, and the latency models fitted from what the adapter observes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -257,6 +258,9 @@ class PolicyBase:
     # Decayed sums of decode iterations' wall time and of the stalls between them.
     _decode_ms_sum: float = field(default=0.0, repr=False)
     _stall_ms_sum: float = field(default=0.0, repr=False)
+    # Decayed count, sum and sum of squares of the log wall time of decode iterations, stalls
+    # included (`wall_spread`).
+    _wall_log_sums: tuple = field(default=(0.0, 0.0, 0.0), repr=False)
 
     def __post_init__(self) -> None:
         check_common_config(self.latency_smoothing, self.baseline_tpot_ms_config)
@@ -270,6 +274,13 @@ class PolicyBase:
         verified_tokens = int(outcome.verified.sum())
         self._decode_ms_sum = STALL_DECAY * self._decode_ms_sum + outcome.iteration_ms
         self._stall_ms_sum = STALL_DECAY * self._stall_ms_sum + outcome.stall_ms
+        wall_ms = outcome.iteration_ms + outcome.stall_ms
+        if wall_ms > 0:
+            x = math.log(wall_ms)
+            count, total, squares = self._wall_log_sums
+            self._wall_log_sums = (
+                STALL_DECAY * count + 1.0, STALL_DECAY * total + x, STALL_DECAY * squares + x * x
+            )  # fmt: skip
         priced = not outcome.warm_up
         fitted = self.verify_fit_takes_decodes or not outcome.verify_as_decode
         self.observe_verify(
@@ -326,12 +337,24 @@ class PolicyBase:
             return 1.0
         return 1.0 + self._stall_ms_sum / self._decode_ms_sum
 
+    @property
+    def wall_spread(self) -> float:
+        """Standard deviation of the log wall time of recent decode iterations, the stalls
+        before them included: how much the pace a request sees moves from one iteration to
+        the next (bursts of arrivals, prefills, batch changes); 0 before two iterations."""
+        count, total, squares = self._wall_log_sums
+        if count < 2.0:
+            return 0.0
+        mean = total / count
+        return math.sqrt(max(squares / count - mean * mean, 0.0))
+
     def account(self) -> dict:
         """Why the last iteration ran as it did, as JSON values, for the decision log
         (`speculative.decision_log`); read only: asking changes no fit and no decision."""
         return {
             "t_spec_ms": None if self.t_spec_ms is None else round(self.t_spec_ms, 3),
             "wall_per_decode": round(self.wall_per_decode, 3),
+            "wall_spread": round(self.wall_spread, 3),
             "fits": {
                 "verify": self.verify_latency.last_fit(),
                 "draft": self.draft_latency.last_fit(),
