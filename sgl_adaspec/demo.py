@@ -16,9 +16,10 @@ the median of its four measurements, which bracket adaserve's, a class's SLO is 
 when its median TPOT over the rounds is within that SLO. Printed per class: SLO, TPOT,
 whether it was met, what adaserve chose (in how many iterations it speculated and how many
 tokens each verified, or no speculation) and the expected gain and cost behind its last plan.
-A class whose SLO is below the TPOT this machine gives without speculation (absolute classes
-made for large models on GPUs) is out of reach of plain decoding: it is named so, its result
-is still shown (marked *), and it is left out of the attainment.
+A class whose SLO plain decoding does not meet in every measurement of the baseline (absolute
+classes made for large models on GPUs, or one that falls inside the spread of this machine's
+TPOT without speculation) is out of its reach: it is named so, its result is still shown
+(marked *), and it is left out of the attainment.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class ClassResult:
     rounds: tuple[Outcome, ...]
     tpot_slo_ms: float
     baseline_tpot_ms: float
+    slowest_baseline_ms: float  # the slowest of the baseline's measurements
 
     @property
     def slo_class(self) -> str:
@@ -83,9 +85,11 @@ class ClassResult:
 
     @property
     def reachable(self) -> bool:
-        """Whether plain decoding meets the SLO here (absolute classes made for large models
-        on GPUs may not)."""
-        return self.tpot_slo_ms >= self.baseline_tpot_ms
+        """Whether plain decoding meets the SLO here every time it was measured (absolute
+        classes made for large models on GPUs may not; an SLO inside the spread of the
+        baseline's measurements is met or missed by plain decoding itself with the host's
+        drift)."""
+        return self.tpot_slo_ms >= self.slowest_baseline_ms
 
     @property
     def met(self) -> bool:
@@ -190,15 +194,18 @@ def main() -> int:
     )
     slos = class_slos_ms(base)
     results = [
-        ClassResult(tuple(by_class), slos[by_class[0].slo_class], base) for by_class in zip(*rounds)
+        ClassResult(tuple(by_class), slos[by_class[0].slo_class], base, max(base_ms))
+        for by_class in zip(*rounds)
     ]
     for r in results:
-        if not r.reachable:
-            print(
-                f"class {r.slo_class}: SLO {r.tpot_slo_ms:.2f} ms is below this machine's TPOT "
-                "without speculation: beyond plain decoding here (shown with *, left out of the "
-                "attainment)"
-            )
+        if r.reachable:
+            continue
+        where = "below" if r.tpot_slo_ms < min(base_ms) else "within the spread of"
+        print(
+            f"class {r.slo_class}: SLO {r.tpot_slo_ms:.2f} ms is {where} this machine's TPOT "
+            f"without speculation ({min(base_ms):.1f}-{max(base_ms):.1f} ms): plain decoding "
+            "does not meet it here every time (shown with *, left out of the attainment)"
+        )
     stats = info["internal_states"][0]["adaspec"]["stats"]
 
     print(
