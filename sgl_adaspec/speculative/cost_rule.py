@@ -487,10 +487,11 @@ def plan_shape(
         rate[:, 0] = -math.inf
         rate[~gain.reached] = -math.inf
         if float(rate.max()) > -math.inf:
-            best_, count_ = divmod(int(rate.argmax()), size)
-            d, w = shapes[best_]
-            nodes = count_ * n
-            tokens, ms = float(committed[best_, count_]), float(iteration[best_, count_])
+            nearest, nearest_count = divmod(int(rate.argmax()), size)
+            d, w = shapes[nearest]
+            nodes = nearest_count * n
+            tokens = float(committed[nearest, nearest_count])
+            ms = float(iteration[nearest, nearest_count])
     choice = PlanChoice(
         d, w, round(nodes / n), tokens / n, tokens / ms, n / plain, ms, plain, score,
         plain_kept + THROUGHPUT_TIE,
