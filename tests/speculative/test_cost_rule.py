@@ -4,6 +4,7 @@ hand-computed cases."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from collections import Counter
@@ -1014,6 +1015,39 @@ def test_adaserve_asks_whether_speculation_pays_against_a_decode_without_draft_w
     for _ in range(5):
         policy.observe(plain_outcome(warm=False))
         assert not policy.keep_draft_warm()
+
+
+def test_a_long_stand_down_keeps_the_draft_warm_only_where_the_next_draft_is_near():
+    # Alone, a full 4 x 2 draft commits 5 tokens in ~47 ms + a 1 ms draft against a 12 ms
+    # plain decode: it pays, by more than the switch margin. At three requests (14 ms plain)
+    # it never does, so the plan stands down there and probes now and then.
+    policy = AdaservePolicy(AdaserveConfig())
+    policy.verify_latency.seed([((1, 0), 14.0), ((3, 0), 22.0), ((9, 0), 46.0), ((27, 0), 118.0)])
+    policy.plain_latency.seed([((1, 0), 12.0), ((3, 0), 14.0)])
+    policy.draft_latency.seed([((1, 1), 1.0), ((4, 7), 1.0)])  # any draft forward: 1 ms
+    policy.gain = flat_gain(0.5, 4, 2)
+    # A cold start at three (a 1 x 1 chain verifying the roots, against a plain decode)
+    # costs the extends (1 ms each) of `tail` plain iterations.
+    cold_ms = policy.verify_latency.predict((3, 0)) + 1.0 - policy.plain_latency.predict((3, 0))
+    assert 8.0 < cold_ms < 10.0 and policy.draft_latency.predict((1, 3)) == pytest.approx(1.0)
+    tail = math.ceil(cold_ms) - 1
+    three = slo([math.nan] * 3)
+    runs = [[]]  # per stretch between two drafts: whether each of its plain iterations ran warm
+    window = BLIND_AFTER * policy.config.probe_interval
+    for _ in range(600):
+        if policy.draft_shape(3, 4, 2, three)[0] > 0:
+            runs.append([])
+            continue
+        assert policy._running_plan is None
+        runs[-1].append(policy.keep_draft_warm())
+    stretches = [run for run in runs if run]  # the last one ends with no probe after it
+    # A fresh stand-down keeps the draft warm, as speculation pays for one request alone...
+    assert all(stretches[0]) and len(stretches[0]) < window
+    # ... a long one over the last `tail` plain iterations before its next probe alone.
+    decided = list(itertools.accumulate(len(run) + 2 for run in stretches))  # 2 per probe
+    long = [run for run, end in zip(stretches[:-1], decided) if end - len(run) > window]
+    assert len(long) >= 2 and all(len(run) > tail for run in long)
+    assert all(run == [False] * (len(run) - tail) + [True] * tail for run in long)
 
 
 def test_the_switch_margin_is_asked_of_tokens_per_ms_not_of_the_slo_weighted_objective():
