@@ -447,7 +447,7 @@ class AdaservePolicy(PolicyBase):
         verifying the roots alone: `_cold`). On this CPU (SmolLM2, three requests) a warm plain
         iteration took 3.2 ms more than a cold one and a cold chain ~25-45 ms more than a
         plain decode, while a long stand-down's probes come 16 to 1024 iterations apart: 29 %
-        of its plain iterations ran warm, ~1.7 % of every request's time, and 6 % with this
+        of its plain iterations ran warm, ~1.7 % of every request's time, and 4-6 % with this
         rule (ad hoc in-server timing, 2026-12-03). A shorter stand-down, or a plain iteration
         that re-measures a plain decode, stays warm: the load that brings speculation back may
         come at any iteration (simulator, the rps4.0 trace at 2x, coding 1.2x: asked of every
