@@ -32,7 +32,12 @@ from sgl_adaspec.sim.trees import SampledTrees
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies import SHAPING_POLICIES, build_policy
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
-from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase, make_outcome
+from sgl_adaspec.speculative.policies.base import (
+    IterationInput,
+    PolicyBase,
+    make_outcome,
+    policy_calls,
+)
 from sgl_adaspec.speculative.selection import select_static
 
 # draft(depth, width) -> the batch's sampled candidate trees of that beam shape.
@@ -269,10 +274,12 @@ class ServerPolicy:
         self, slo: SloBatch, draft: Drafter, rids: tuple[str, ...], context_lens: np.ndarray
     ) -> Decision:
         num_requests = slo.num_requests
-        depth, width = self.policy.draft_shape(num_requests, self.depth, self.width, slo)
+        with policy_calls():
+            depth, width = self.policy.draft_shape(num_requests, self.depth, self.width, slo)
+            warm = depth == 0 and self.policy.keep_draft_warm()
         self._pending = (None, None, rids, int(context_lens.sum()))
         if depth == 0:
-            return _plain(num_requests, warm=self.policy.keep_draft_warm())
+            return _plain(num_requests, warm=warm)
         if not self.planned_shape:
             depth, width = self.depth, self.width
         trees = draft(depth, width)
@@ -281,7 +288,8 @@ class ServerPolicy:
             kept = select_static(cands, self.num_draft_tokens - 1).mask
             cands = Candidates(cands.tokens, cands.parents, cands.path_prob, kept)
         it = IterationInput(cands, slo, rids, torch.from_numpy(context_lens), depth, width)
-        decision = self.policy.decide(it)
+        with policy_calls():
+            decision = self.policy.decide(it)
         self._pending = (it, decision, rids, int(context_lens.sum()))
         return Decision(
             _beam_forwards(num_requests, depth, width),
@@ -294,7 +302,8 @@ class ServerPolicy:
         )
 
     def draft_prefills(self, new_requests: int) -> bool:
-        return self.policy.draft_prefills(new_requests)
+        with policy_calls():
+            return self.policy.draft_prefills(new_requests)
 
     def observe(
         self,
@@ -309,20 +318,21 @@ class ServerPolicy:
         it, server_decision, rids, context = self._pending
         if server_decision is None:
             self.policy.stats.observe_plain(len(rids), decision.warm_draft)
-        outcome = make_outcome(
-            it,
-            server_decision,
-            rids=rids,
-            context_tokens=context,
-            accepted=torch.from_numpy(accepted + 1),
-            verify_ms=verify_ms,
-            iteration_ms=latency_ms,
-            deepest_accepted=None if deepest is None else torch.from_numpy(deepest),
-            after_prefill=after_prefill,
-            draft_kept=decision.warm_draft,
-            stall_ms=stall_ms,
-        )
-        self.policy.observe(outcome)
+        with policy_calls():
+            outcome = make_outcome(
+                it,
+                server_decision,
+                rids=rids,
+                context_tokens=context,
+                accepted=torch.from_numpy(accepted + 1),
+                verify_ms=verify_ms,
+                iteration_ms=latency_ms,
+                deepest_accepted=None if deepest is None else torch.from_numpy(deepest),
+                after_prefill=after_prefill,
+                draft_kept=decision.warm_draft,
+                stall_ms=stall_ms,
+            )
+            self.policy.observe(outcome)
 
 
 def adaserve_sim(config: AdaserveConfig, name: str = "adaserve", planned: bool = True):

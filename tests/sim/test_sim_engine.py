@@ -316,3 +316,31 @@ def test_a_charged_policy_pays_its_own_time_on_the_simulated_clock():
     assert charged.policy_ms == pytest.approx(1000 * decode_s, rel=1e-6)
     with pytest.raises(ValueError, match="policy_time_scale"):
         EngineConfig(policy_time_scale=-1.0)
+
+
+@pytest.mark.parametrize("policy", ["adaserve", "tetris"])
+def test_policies_run_in_inference_mode_and_serve_as_outside_it(policy, monkeypatch):
+    # The drivers make a policy's calls in torch's inference mode (`policy_calls`) for speed
+    # alone: a loaded run serves every request exactly as with the calls in plain torch, and
+    # what the policy keeps across calls was built in that mode.
+    import contextlib
+
+    from sgl_adaspec.sim import policies as sim_policies
+
+    workload = _workload("h100-llama8b", 40.0, 60)
+    latency = get_preset("h100-llama8b")
+    budget = knee_budget(latency.verify_profile())
+
+    def serve():
+        adapter = make_policy(policy, budget, latency.baseline_tpot_ms)
+        result = simulate(workload, latency, SYNTHETIC_DEFAULT, adapter, 0, EngineConfig())
+        return result, adapter.policy
+
+    in_mode, kept = serve()
+    monkeypatch.setattr(sim_policies, "policy_calls", contextlib.nullcontext)
+    outside, plain_kept = serve()
+    assert in_mode.iterations == outside.iterations > 0
+    assert in_mode.accepted_drafts == outside.accepted_drafts > 0
+    np.testing.assert_array_equal(in_mode.finish_s, outside.finish_s)
+    state = kept.acceptance._trials  # the calibration's counts: replaced at every outcome
+    assert state.is_inference() and not plain_kept.acceptance._trials.is_inference()

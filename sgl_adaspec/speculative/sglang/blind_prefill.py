@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from sgl_adaspec.speculative.policies.base import policy_calls
 from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs
 from sgl_adaspec.speculative.sglang.runtime import current_policy, runtime
 
@@ -33,7 +34,8 @@ def draft_extend_for_prefill(
     if policy is None or batch.forward_mode.is_idle() or needs_draft_probs(batch.sampling_info):
         return original(draft_worker, batch, target_hidden_states, next_token_ids, *args, **kwargs)
     sync = runtime().tp_sync
-    blind = sync.value(not policy.draft_prefills(len(batch.reqs)) if sync.leads else None)
+    with policy_calls():
+        blind = sync.value(not policy.draft_prefills(len(batch.reqs)) if sync.leads else None)
     if not blind:
         return original(draft_worker, batch, target_hidden_states, next_token_ids, *args, **kwargs)
     for req in batch.reqs:

@@ -23,7 +23,13 @@ from collections.abc import Callable
 
 import torch
 
-from sgl_adaspec.speculative.policies.base import IterationInput, Outcome, PolicyBase, make_outcome
+from sgl_adaspec.speculative.policies.base import (
+    IterationInput,
+    Outcome,
+    PolicyBase,
+    make_outcome,
+    policy_calls,
+)
 from sgl_adaspec.speculative.sglang import request_state
 from sgl_adaspec.speculative.sglang.blind_prefill import draft_blind, draft_extend_for_prefill
 from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs, run_draft
@@ -78,11 +84,14 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     with iteration_scope() as scope:
         if sync.leads:
             # slo_batch attaches the SLO clock of requests decoding for the first time.
-            scope.slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
-            shape = policy.draft_shape(num_requests, *configured, scope.slo)
-            # A plain iteration keeps the draft's state where the policy asks and the steps-0
-            # tier was built (`plain_decode`).
-            warm = shape[0] == 0 and warm_shape(tiers) is not None and policy.keep_draft_warm()
+            with policy_calls():
+                scope.slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
+                shape = policy.draft_shape(num_requests, *configured, scope.slo)
+                # A plain iteration keeps the draft's state where the policy asks and the
+                # steps-0 tier was built (`plain_decode`).
+                warm = (
+                    shape[0] == 0 and warm_shape(tiers) is not None and policy.keep_draft_warm()
+                )
             if shape[0] > 0:
                 shape = _tier_of(tiers, shape, batch) or configured
         depth, width, warm = sync.value((*shape, warm) if sync.leads else None)
@@ -115,8 +124,9 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     if scope.verify_ms is not None:
         warm_up = scope.decision is not None and not clock.speculated
         clock.speculated = clock.speculated or warm_up
-        outcome = _outcome(batch, scope, iteration_ms, after_prefill, warm, stall_ms, warm_up)
-        policy.observe(outcome)
+        with policy_calls():
+            outcome = _outcome(batch, scope, iteration_ms, after_prefill, warm, stall_ms, warm_up)
+            policy.observe(outcome)
         if runtime().decision_log is not None:
             runtime().decision_log.write(outcome, policy.account())
     report_to_dispatcher(policy)
@@ -263,7 +273,8 @@ def _decide(worker, batch, policy: PolicyBase, scope: Iteration):
     then verified, because the policy must never take the server down."""
     try:
         it = iteration_input(worker, batch, policy, scope)
-        decision = policy.decide(it)
+        with policy_calls():
+            decision = policy.decide(it)
         for req, hopeless in zip(batch.reqs, decision.infeasible.tolist()):
             req._adaspec_state.infeasible |= hopeless
     except Exception:
