@@ -203,7 +203,8 @@ class ShapeGain:
         owner = torch.div(ids, nodes, rounding_mode="floor")  # [S_r, L]; the filler: row bsz
         pools = {}
         for key, members in rows.items():
-            of_group = torch.cat([members, torch.zeros(1, dtype=torch.bool)])[owner]
+            of_group = torch.cat([members, torch.zeros(1, dtype=torch.bool)])
+            of_group = of_group.index_select(0, owner.flatten()).view_as(owner)
             pools[key] = (torch.where(of_group, ids, filler), int(members.sum()), seen_rows)
         flat_f = torch.cat([f.flatten().cpu(), torch.zeros(1, dtype=torch.float64)])
         self._drafts.append(_KeptDraft(flat_f, pools, reached))
@@ -277,7 +278,10 @@ class ShapeGain:
             counts = torch.tensor([[c, r] for _, (c, r), _ in entries])  # [E, 2]
             requests = torch.repeat_interleave(counts[:, 0], lengths)
             pool_rows = torch.repeat_interleave(counts[:, 1], lengths)
-            gained = pooled_gain(node_f[rows].unsqueeze(1), requests, self.max_nodes, pool_rows)
+            # index_select, not node_f[rows]: the same gather, ~3x faster on this many nodes
+            # (~100k-800k at a recalibration under load).
+            pool = node_f.index_select(0, rows.flatten()).view(len(rows), 1, -1)
+            gained = pooled_gain(pool, requests, self.max_nodes, pool_rows)
             reached = torch.stack([draft.reached for _, _, draft in entries])  # [E, S]
             gains = gained.new_zeros(*reached.shape, self.max_nodes)
             gains[reached] = gained[:, 0]  # row-major: the pools' order
