@@ -35,7 +35,8 @@ def draft_extend_for_prefill(
         return original(draft_worker, batch, target_hidden_states, next_token_ids, *args, **kwargs)
     sync = runtime().tp_sync
     with policy_calls():
-        blind = sync.value(not policy.draft_prefills(len(batch.reqs)) if sync.leads else None)
+        skip = not policy.draft_prefills(len(batch.reqs)) if sync.leads else None
+    blind = sync.value(skip)
     if not blind:
         return original(draft_worker, batch, target_hidden_states, next_token_ids, *args, **kwargs)
     for req in batch.reqs:
