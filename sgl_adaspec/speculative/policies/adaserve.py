@@ -461,7 +461,8 @@ class AdaservePolicy(PolicyBase):
         plain_ms = self.plain_latency.predict((n, context))
         if extend_ms is None or verify_ms is None or plain_ms is None:
             return True
-        cold_ms = verify_ms + self._draft_ms(1, 1, n) - plain_ms
+        # A depth-1 chain over n roots is a draft forward over n rows: the extend's price.
+        cold_ms = verify_ms + extend_ms - plain_ms
         # Plain iterations from this one to the probe, this one included.
         due_in = max(self._probe_every - self._plain_run + 1, 1)
         return due_in * extend_ms < cold_ms
