@@ -1,24 +1,18 @@
 """benchmarks/gpu_forward_cost.py: its attention is grouped-query attention, and the script runs
 its grid end to end on the CPU."""
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_forward_cost.py"
+from tests.bench import BENCHMARKS, load_benchmark
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("gpu_forward_cost", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_forward_cost")
 
 
 def test_grouped_attention_matches_kv_heads_repeated_per_query_head():
@@ -50,7 +44,7 @@ def test_cpu_smoke_run_times_every_point(tmp_path, capsys):
 
 
 def test_compare_reads_the_h100_measurement_against_a_preset(capsys):
-    data = SCRIPT.parents[1] / "sgl_adaspec" / "sim" / "data" / "h100_forward_cost.json"
+    data = BENCHMARKS.parent / "sgl_adaspec" / "sim" / "data" / "h100_forward_cost.json"
     args = [
         "--compare",
         str(data),

@@ -1,23 +1,17 @@
 """benchmarks/sim_paired_gap.py: adaserve minus each other policy, seed by seed."""
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
 from sgl_adaspec.sim.experiments import SweepConfig, run_rps_sweep
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "sim_paired_gap.py"
+from tests.bench import load_benchmark
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("sim_paired_gap", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("sim_paired_gap")
 
 
 def row(rate, policy, seeds):

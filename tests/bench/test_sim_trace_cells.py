@@ -1,7 +1,6 @@
 """benchmarks/sim_trace_cells.py: every (compression, coding scale) cell of the traces in a folder,
 the worst gap last, and a second run resumes from the cells already written."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -9,15 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "sim_trace_cells.py"
+from tests.bench import load_benchmark
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("sim_trace_cells", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("sim_trace_cells")
 
 
 def small_trace(path: Path) -> None:
