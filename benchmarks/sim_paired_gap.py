@@ -22,6 +22,7 @@ import statistics
 import sys
 
 from sgl_adaspec.sim.experiments import SweepConfig, run_rps_sweep
+from sgl_adaspec.sim.latency import PRESETS
 
 OURS = "adaserve"
 
@@ -76,7 +77,7 @@ def format_gaps(gaps: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", help="a rps_sweep.json to read instead of running")
-    parser.add_argument("--preset", help="latency model (default: the simulator's)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="latency model")
     parser.add_argument("--rates", type=_floats, default=(8.0,), help="req/s, e.g. 6,8")
     parser.add_argument("--repeats", type=int, default=24, help="seeds per rate")
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
@@ -92,9 +93,12 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed, "num_requests": args.num_requests,
             "policies": tuple(args.policies.split(",")),
         }  # fmt: skip
-        config = dataclasses.replace(
-            SweepConfig(), **{k: v for k, v in given.items() if v is not None}
-        )
+        try:
+            config = dataclasses.replace(
+                SweepConfig(), **{k: v for k, v in given.items() if v is not None}
+            )
+        except ValueError as error:  # an unknown policy, a rate <= 0
+            parser.error(str(error))
         if OURS not in config.policies:
             parser.error(f"--policies must include {OURS}")
         rows = run_rps_sweep(config, progress=lambda line: print(line, file=sys.stderr))["rows"]

@@ -62,3 +62,10 @@ def test_a_real_sweep_reads_as_its_rows_say(tmp_path, capsys):
     sweep.write_text(json.dumps({"rows": rows}))
     assert bench.main(["--sweep", str(sweep)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == lines[-1]
+
+
+def test_an_unknown_policy_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load().main(["--policies", "adaserve,nosuch"])
+    assert exit_info.value.code == 2
+    assert "unknown policies ['nosuch']" in capsys.readouterr().err
