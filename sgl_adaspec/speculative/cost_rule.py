@@ -399,6 +399,7 @@ def plan_shape(
     margin: float = 0.0,
     wall_per_decode: float = 1.0,
     spread: float = 0.0,
+    max_width: int | None = None,
 ) -> PlanChoice | None:
     """Before the draft: the shape (d, w) and node count k per request that keep the most
     running requests on course for their SLO (`SloOutlook`), the most committed tokens per ms
@@ -411,7 +412,8 @@ def plan_shape(
     wall_per_decode: the wall time a request spends per ms of decode iterations, stalls for
     prefills included (`PolicyBase.wall_per_decode`); spread: the measured spread of the log
     wall time of iterations (`PolicyBase.wall_spread`), how uncertain a request's future pace
-    is.
+    is; max_width: the widest beam to choose (None: any), AdaServe's load-adaptive width
+    (eq. 9) in the policy.
     A request of group g commits e(s, k) = 1 + its group's gain tokens (its share of the
     batch-wide k best nodes per request, as the selection after the draft spends them) in an
     iteration of T(s, n (1 + k) verified tokens) ms, and W = T x wall_per_decode passes.
@@ -474,6 +476,8 @@ def plan_shape(
     objective = kept + THROUGHPUT_TIE * speedup
     # A draft with no node verified is never better than a plain decode.
     objective[(verified == n) | ~gain.reached.unsqueeze(1)] = -1.0
+    if max_width is not None:
+        objective[width.squeeze(1) > max_width] = -1.0
     # No request a plain decode would keep on its SLO is served slower than a plain decode
     # would serve it (by `margin` to switch), however many others the shape would keep.
     objective[slowest / iteration < (1.0 + margin) / plain_ms] = -1.0

@@ -15,6 +15,7 @@ from policy_inputs import iteration_input
 
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
+from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.decision_log import DecisionLog
 from sgl_adaspec.speculative.cost_rule import (
@@ -320,6 +321,37 @@ def test_a_wide_beam_must_pay_for_its_draft_rows():
         plan(gain, 4, linear_ms(10.0, 0.0)).width,
         plan(gain, 4, linear_ms(10.0, 0.0)).nodes_per_request,
     ) == (2, 4)
+
+
+def test_the_plan_is_no_wider_than_the_load_adaptive_width():
+    # The batch of the test above with draft rows free: the side branches are worth their
+    # verify, and the 2 x 2 beam is the plan. Capped at width 1 (eq. 9's width where the batch
+    # is large), the plan is the chain, at the node count the chain pays for.
+    gain = ShapeGain(max_nodes=4)
+    gain.observe(beam([[[0.8, 0.05], [0.64, 0.01]]] * 4), 2, 2)
+    gain.refresh(lambda f: f)
+    assert plan(gain, 4, linear_ms(10.0, 0.0)).width == 2
+    choice = plan(gain, 4, linear_ms(10.0, 0.0), max_width=1)
+    assert (choice.depth, choice.width, choice.nodes_per_request) == (2, 1, 2)
+    assert plan(gain, 4, linear_ms(10.0, 0.0), max_width=2).width == 2
+
+
+def test_adaserve_plans_within_the_load_adaptive_width():
+    # Verify nearly free past the root and a cheap draft: at 1 request the 4 x 2 beam pays
+    # (eq. 9's width, B2 / n = 64, is past the draft's top-k). With B2 = 4 the same policy at 8
+    # requests may draft no wider than 4 // 8 -> 1: a chain.
+    def planned(draft_tokens_per_step: int, requests: int) -> tuple[int, int]:
+        tree = AdaptiveTreeConfig(draft_tokens_per_step=draft_tokens_per_step)
+        policy = AdaservePolicy(AdaserveConfig(tree=tree))
+        policy.verify_latency.seed([((requests, 10), 10.0), ((9 * requests, 10), 10.5)])
+        policy.plain_latency.seed([((requests, 10), 10.0)])
+        policy.gain = flat_gain(0.5, 4, 2, requests=requests)
+        policy.draft_latency.seed([((1, requests), 0.1), ((4, 7 * requests), 0.2)])
+        return drafted(policy, requests, 4, 2, slo([math.nan] * requests))
+
+    assert planned(64, 1) == (4, 2)
+    assert planned(64, 8) == (4, 2)
+    assert planned(4, 8) == (4, 1)
 
 
 def test_speed_goes_to_the_requests_whose_slo_it_decides():

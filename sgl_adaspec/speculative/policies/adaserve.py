@@ -8,8 +8,9 @@ the cost model learned (`cost_rule`).
 Two budget rules (`AdaserveConfig.budget_rule`):
 - "cost" (the default): speculation is sized by what it returns on this hardware and draft.
   Before the draft runs, `draft_shape` picks the draft's (depth, width) by an SLO-aware
-  objective over what each shape returned and costs (`cost_rule.plan_shape`), or depth 0 --
-  no speculation -- when a plain decode scores higher; after it, the verify budget B is the
+  objective over what each shape returned and costs (`cost_rule.plan_shape`), no wider than
+  eq. 9's load-adaptive width, or depth 0 -- no speculation -- when a plain decode scores
+  higher; after it, the verify budget B is the
   prefix of the batch-wide ranking (calibrated f) that maximizes expected committed tokens per
   ms of the iteration (`cost_rule.cost_budget`); AdaServe's SLO-customized phase then spends B
   first, most urgent request first, at most ~1.2 B / n nodes each. Both read a request's need
@@ -31,7 +32,7 @@ import torch
 
 from sgl_adaspec.flags import check_flags, flag
 from sgl_adaspec.scheduler.slo import SloBatch, required_tokens
-from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, tree_shape
+from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, beam_width, tree_shape
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.cost_rule import (
     PlanChoice,
@@ -138,7 +139,8 @@ class AdaserveConfig:
     draft_tokens_per_step: int | None = flag(
         None,
         "adaserve: B2 of the load-adaptive beam width w = clip(B2 / n, 1, topk) for n "
-        f"running requests (default: {AdaptiveTreeConfig.draft_tokens_per_step}).",
+        "running requests, the widest beam the cost rule's plan may choose (default: "
+        f"{AdaptiveTreeConfig.draft_tokens_per_step}).",
         metavar="B2",
         minimum=1,
     )
@@ -771,11 +773,19 @@ class AdaservePolicy(PolicyBase):
             margin=margin,
             wall_per_decode=pace,
             spread=spread,
+            max_width=self._load_adaptive_width(slo.num_requests),
         )
         if key not in self._plan_cache and len(self._plan_cache) >= 2:  # a plan and a floor's
             del self._plan_cache[next(iter(self._plan_cache))]
         self._plan_cache[key] = (planned, 1, (batch, margin, pace, context, spread))
         return self._note_standing(batch, batch_plan, planned)
+
+    def _load_adaptive_width(self, num_requests: int) -> int:
+        """Eq. 9's beam width at `num_requests`, up to the configured search's width (the
+        drafts the gain table read) rather than the knee rule's W_max: under light load the
+        plan weighs every width the draft can run."""
+        tree = dataclasses.replace(self.config.tree, max_width=max(self.gain.max_width, 1))
+        return beam_width(max(num_requests, 1), tree)
 
     def _note_standing(self, batch: dict, batch_plan: bool, planned):
         """`planned`, kept for reuse on its batch where it stands down against the fitted
