@@ -724,6 +724,24 @@ def test_adaserve_explores_the_full_shape_and_a_one_step_chain():
     assert shapes == [(2, 1)] * 2 + [(4, 2)] + [(2, 1)] * 2 + [(1, 1)]
 
 
+def test_adaserve_explores_no_wider_than_its_plan_may_run():
+    # Draft rows are free (a step costs 1 ms at any width), so the full 4 x 2 search is cheap
+    # to explore. With B2 = 2 the plan at 2 requests may run no beam wider than 2 // 2 = 1,
+    # and the exploring draft is the full-depth chain; at 1 request, or with the default B2,
+    # it is the full search.
+    def explored(requests: int, draft_tokens_per_step: int) -> tuple[int, int]:
+        tree = AdaptiveTreeConfig(draft_tokens_per_step=draft_tokens_per_step)
+        policy = speculating_policy(AdaserveConfig(explore_interval=3, tree=tree))
+        policy.draft_latency.seed([((1, 1), 1.0), ((1, 16), 1.0), ((4, 7), 4.0), ((4, 28), 4.0)])
+        policy.plain_latency.seed([((requests, 10), 10.0)])
+        batch = slo([math.nan] * requests)
+        return [drafted(policy, requests, 4, 2, batch) for _ in range(3)][-1]
+
+    assert explored(2, 2) == (4, 1)
+    assert explored(1, 2) == (4, 2)
+    assert explored(2, 64) == (4, 2)
+
+
 def test_adaserve_explores_a_full_depth_chain_where_the_full_search_costs_too_much():
     # Draft rows now cost 0.1 ms each (0.8 ms per step, 0.1 fixed): at 8 requests the full
     # 4 x 2 search (56 rows) costs 5.6 ms more than a planned 2 x 1 chain (16 rows), over 25 %

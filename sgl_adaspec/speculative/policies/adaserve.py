@@ -386,11 +386,14 @@ class AdaservePolicy(PolicyBase):
     def _explore_shape(self, num_requests: int, full: tuple[int, int], planned) -> tuple[int, int]:
         """The exploring draft that keeps the gain of shapes beyond the planned one known (and
         the draft's cost per step: a fit of depth-1 drafts alone cannot tell it from the fixed
-        cost, and may lock the plan at depth 1): the full configured search, or, where that
-        costs more than `EXPLORE_COST` of the planned iteration beyond the planned draft, a
-        chain of the full depth. A shape's gain per request hardly depends on the load, but a
-        wide draft's cost grows with it (n * w rows per step): under heavy load the full search
-        would take a large share of every explored iteration."""
+        cost, and may lock the plan at depth 1): the full configured search no wider than the
+        plan may choose at this load (`_load_adaptive_width`: a wider one explores shapes the
+        plan cannot run), or, where that costs more than `EXPLORE_COST` of the planned
+        iteration beyond the planned draft, a chain of the full depth. A shape's gain per
+        request hardly depends on the load, but a wide draft's cost grows with it (n * w rows
+        per step): under heavy load the full search would take a large share of every
+        explored iteration."""
+        full = (full[0], min(full[1], self._load_adaptive_width(num_requests)))
         full_ms = self._draft_ms(*full, num_requests)
         extra_ms = full_ms - self._draft_ms(planned.depth, planned.width, num_requests)
         return full if extra_ms <= EXPLORE_COST * planned.iteration_ms else (full[0], 1)
