@@ -10,11 +10,11 @@ Two budget rules (`AdaserveConfig.budget_rule`):
   Before the draft runs, `draft_shape` picks the draft's (depth, width) by an SLO-aware
   objective over what each shape returned and costs (`cost_rule.plan_shape`), no wider than
   eq. 9's load-adaptive width, or depth 0 -- no speculation -- when a plain decode scores
-  higher; after it, the verify budget B is the
-  prefix of the batch-wide ranking (calibrated f) that maximizes expected committed tokens per
-  ms of the iteration (`cost_rule.cost_budget`); AdaServe's SLO-customized phase then spends B
-  first, most urgent request first, at most ~1.2 B / n nodes each. Both read a request's need
-  over the wall time an iteration takes, prefill stalls included (`wall_per_decode`).
+  higher; after it, the verify budget B is the prefix of the batch-wide ranking (calibrated
+  f) that maximizes expected committed tokens per ms of the iteration
+  (`cost_rule.cost_budget`); AdaServe's SLO-customized phase then spends B first, most urgent
+  request first, at most ~1.2 B / n nodes each. Both read a request's need over the wall time
+  an iteration takes, prefill stalls included (`wall_per_decode`).
 - "knee": the paper's rules, kept for comparison: B at the knee of the start-up verify
   profile (or --adaserve-budget), (d, w) from eq. 8-9.
 """
