@@ -1,7 +1,7 @@
 """The demo's verdict per SLO class over its rounds (pure logic; the demo itself runs real
 servers)."""
 
-from sgl_adaspec.demo import ClassResult, Outcome
+from sgl_adaspec.demo import ClassResult, Outcome, attainment_lines
 
 
 def result(
@@ -30,3 +30,11 @@ def test_a_class_whose_slo_a_baseline_measurement_missed_is_out_of_reach():
     # the class is met would be the host's drift, not the policy.
     assert not result((51, 51, 51), slo_ms=50.0, baseline_ms=49.6, slowest_ms=50.8).reachable
     assert result((51, 51, 51), slo_ms=51.0, baseline_ms=49.6, slowest_ms=50.8).reachable
+
+
+def test_the_attainment_judges_only_the_classes_in_reach_and_says_when_none_is():
+    met, missed, out_of_reach = result((80, 80, 80)), result((95, 95, 95)), result((80,), 50.0)
+    assert attainment_lines([met, missed, out_of_reach]) == ["slo_attainment=0.50"]
+    assert attainment_lines([met, out_of_reach]) == ["slo_attainment=1.00"]
+    lines = attainment_lines([out_of_reach])
+    assert "none is judged" in lines[0] and lines[-1] == "slo_attainment=1.00"
