@@ -393,7 +393,7 @@ class AdaservePolicy(PolicyBase):
         request hardly depends on the load, but a wide draft's cost grows with it (n * w rows
         per step): under heavy load the full search would take a large share of every
         explored iteration."""
-        full = (full[0], min(full[1], self._load_adaptive_width(num_requests)))
+        full = (full[0], self._load_adaptive_width(num_requests, full[1]))
         full_ms = self._draft_ms(*full, num_requests)
         extra_ms = full_ms - self._draft_ms(planned.depth, planned.width, num_requests)
         return full if extra_ms <= EXPLORE_COST * planned.iteration_ms else (full[0], 1)
@@ -776,18 +776,18 @@ class AdaservePolicy(PolicyBase):
             margin=margin,
             wall_per_decode=pace,
             spread=spread,
-            max_width=self._load_adaptive_width(slo.num_requests),
+            max_width=self._load_adaptive_width(slo.num_requests, self.gain.max_width),
         )
         if key not in self._plan_cache and len(self._plan_cache) >= 2:  # a plan and a floor's
             del self._plan_cache[next(iter(self._plan_cache))]
         self._plan_cache[key] = (planned, 1, (batch, margin, pace, context, spread))
         return self._note_standing(batch, batch_plan, planned)
 
-    def _load_adaptive_width(self, num_requests: int) -> int:
-        """Eq. 9's beam width at `num_requests`, up to the configured search's width (the
-        drafts the gain table read) rather than the knee rule's W_max: under light load the
-        plan weighs every width the draft can run."""
-        tree = dataclasses.replace(self.config.tree, max_width=max(self.gain.max_width, 1))
+    def _load_adaptive_width(self, num_requests: int, widest: int) -> int:
+        """Eq. 9's beam width at `num_requests`, clipped at `widest` (the configured search's
+        width, or the widest the gain table reads) rather than the knee rule's W_max: under
+        light load every width the draft can run stays a choice."""
+        tree = dataclasses.replace(self.config.tree, max_width=max(widest, 1))
         return beam_width(max(num_requests, 1), tree)
 
     def _note_standing(self, batch: dict, batch_plan: bool, planned):
