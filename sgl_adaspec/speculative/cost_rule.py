@@ -431,10 +431,17 @@ def plan_shape(
     n = slo.num_requests
     if gain.table is None or n == 0:
         return None
-    shapes = gain.shapes
+    shapes, k, depth, width = gain.grid()
+    # Only the shapes within `max_width` are scored (under load eq. 9 allows chains alone:
+    # a fifth of the grid, and most of the plan's time is the grid's [S, K] terms).
+    widest = gain.max_width if max_width is None else min(max_width, gain.max_width)
+    rows = (width.squeeze(1) <= widest).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return None
+    shapes = [shapes[s] for s in rows.tolist()]
+    depth, width, reached = depth[rows], width[rows], gain.reached[rows]
     # No beam holds more than d x w nodes per request: counts past that verify nothing more.
-    size = min(gain.max_nodes, gain.max_depth * gain.max_width) + 1
-    _, k, depth, width = gain.grid()
+    size = min(gain.max_nodes, gain.max_depth * widest) + 1
     k = k[:size]
     draft = draft_ms(depth, draft_rows(depth, width, n))  # [S, 1]
     if draft is None or verify_ms(torch.tensor([float(n)]), context_tokens) is None:
@@ -449,7 +456,7 @@ def plan_shape(
     plain_kept = 0.0
     for key, is_blind in sorted({(key, bool(b)) for key, b in zip(keys, blind.tolist())}, key=str):
         members = torch.tensor([k == key for k in keys]) & (blind == is_blind)
-        expected = 1.0 + gain.group_table(key)[:, :size]  # [S, K]
+        expected = 1.0 + gain.group_table(key).index_select(0, rows)[:, :size]  # [S, K]
         if is_blind:
             expected = torch.ones_like(expected)
         outlook = None if key is None else SloOutlook.of(slo, members, spread)
@@ -475,9 +482,7 @@ def plan_shape(
     speedup = committed / iteration * (plain_ms / n)  # over a plain decode's tokens per ms
     objective = kept + THROUGHPUT_TIE * speedup
     # A draft with no node verified is never better than a plain decode.
-    objective[(verified == n) | ~gain.reached.unsqueeze(1)] = -1.0
-    if max_width is not None:
-        objective[width.squeeze(1) > max_width] = -1.0
+    objective[(verified == n) | ~reached.unsqueeze(1)] = -1.0
     # No request a plain decode would keep on its SLO is served slower than a plain decode
     # would serve it (by `margin` to switch), however many others the shape would keep.
     objective[slowest / iteration < (1.0 + margin) / plain_ms] = -1.0
@@ -493,7 +498,7 @@ def plan_shape(
         # for its plain price.
         rate = committed / iteration
         rate[:, 0] = -math.inf
-        rate[~gain.reached] = -math.inf
+        rate[~reached] = -math.inf
         if float(rate.max()) > -math.inf:
             nearest, nearest_count = divmod(int(rate.argmax()), size)
             d, w = shapes[nearest]
