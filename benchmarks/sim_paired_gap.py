@@ -21,14 +21,11 @@ import math
 import statistics
 import sys
 
+from sgl_adaspec.flags import comma_floats
 from sgl_adaspec.sim.experiments import SweepConfig, run_rps_sweep
 from sgl_adaspec.sim.latency import PRESETS
 
 OURS = "adaserve"
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(","))
 
 
 def paired_gaps(rows: list[dict]) -> list[dict]:
@@ -78,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", help="a rps_sweep.json to read instead of running")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="latency model")
-    parser.add_argument("--rates", type=_floats, default=(8.0,), help="req/s, e.g. 6,8")
+    parser.add_argument("--rates", type=comma_floats, default=(8.0,), help="req/s, e.g. 6,8")
     parser.add_argument("--repeats", type=int, default=24, help="seeds per rate")
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--num-requests", type=int, help="requests per run")

@@ -22,13 +22,10 @@ import sys
 import time
 from pathlib import Path
 
+from sgl_adaspec.flags import comma_floats
 from sgl_adaspec.sim.experiments import TRACE_METRIC, SweepConfig, run_trace
 
 ALLOWANCE_POINTS = 0.5  # the "within 0.5 point of the best"
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(","))
 
 
 def cell_key(trace: Path, compression: float, scale: float, config: SweepConfig) -> str:
@@ -59,8 +56,8 @@ def table(cells: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace-dir", required=True, type=Path)
-    parser.add_argument("--compressions", type=_floats, default=(1.5, 2.0))
-    parser.add_argument("--coding-scales", type=_floats, default=(1.2, 1.0, 0.6))
+    parser.add_argument("--compressions", type=comma_floats, default=(1.5, 2.0))
+    parser.add_argument("--coding-scales", type=comma_floats, default=(1.2, 1.0, 0.6))
     parser.add_argument("--policies", help="comma-separated (default: every policy)")
     parser.add_argument("--repeats", type=int, default=1, help="engine seeds per cell")
     parser.add_argument("--seed", type=int, default=0)

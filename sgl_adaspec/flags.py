@@ -31,6 +31,14 @@ class ConfigTypeError(ConfigError, TypeError):
     """A flag value of the wrong type."""
 
 
+def comma_floats(text: str) -> tuple[float, ...]:
+    """An argparse `type` for a comma-separated list of numbers ("1,2,4.5")."""
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+
+
 @dataclass(frozen=True)
 class FlagSpec:
     help: str

@@ -12,19 +12,13 @@ import sys
 
 import torch
 
+from sgl_adaspec.flags import comma_floats
 from sgl_adaspec.sim.acceptance import DEFAULT, NAMED
 from sgl_adaspec.sim.experiments import SweepConfig, rps_sweep_main
 from sgl_adaspec.sim.latency import PRESETS
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES
 
 EXPERIMENTS = ("rps-sweep", "adaserve-grid", "trace", "dp-dispatch")
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -35,7 +29,7 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
     parser = argparse.ArgumentParser(prog="python -m sgl_adaspec.sim", description=__doc__)
     parser.add_argument("--experiment", choices=EXPERIMENTS, default="rps-sweep")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="latency model")
-    parser.add_argument("--rates", type=_floats, dest="rates_rps", help="e.g. 1,2,4,8 (req/s)")
+    parser.add_argument("--rates", type=comma_floats, dest="rates_rps", help="e.g. 1,2,4,8 (req/s)")
     parser.add_argument("--num-requests", type=int, help="requests per run")
     parser.add_argument("--repeats", type=int, help="seeds per rate (the table shows the mean)")
     known = ",".join(POLICY_NAMES + EXTRA_POLICY_NAMES)

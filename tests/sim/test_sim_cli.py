@@ -27,6 +27,12 @@ def test_bad_policy_is_a_usage_error():
         parse_args(["--policies", "eagle9"])
 
 
+def test_rates_that_are_not_numbers_are_a_usage_error_naming_them(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--rates", "1,two"])
+    assert "expected comma-separated numbers, got '1,two'" in capsys.readouterr().err
+
+
 def test_sweep_prints_table_writes_json_and_ends_with_the_ratio(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     assert main(SMALL + ["--out", str(tmp_path)]) == 0
