@@ -434,10 +434,8 @@ def plan_shape(
     shapes, k, depth, width = gain.grid()
     # Only the shapes within `max_width` are scored (under load eq. 9 allows chains alone:
     # a fifth of the grid, and most of the plan's time is the grid's [S, K] terms).
-    widest = gain.max_width if max_width is None else min(max_width, gain.max_width)
-    rows = (width.squeeze(1) <= widest).nonzero().squeeze(1)
-    if rows.numel() == 0:
-        return None
+    widest = gain.max_width if max_width is None else max(min(max_width, gain.max_width), 1)
+    rows = (width.squeeze(1) <= widest).nonzero().squeeze(1)  # chains always among them
     shapes = [shapes[s] for s in rows.tolist()]
     depth, width, reached = depth[rows], width[rows], gain.reached[rows]
     # No beam holds more than d x w nodes per request: counts past that verify nothing more.
