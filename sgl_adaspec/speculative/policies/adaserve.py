@@ -62,8 +62,12 @@ GAIN_RECALIBRATION = 8
 # The gain table reads one planned draft in this many (every exploring, probing or unplanned
 # draft): a plan's own shape is drafted nearly every iteration, and reading each was the
 # largest of adaserve's per-iteration costs (~0.8 of ~3.4 ms per speculative iteration on this
-# host, simulator, h100-llama8b rate 48).
-READ_PLANNED_EVERY = 2
+# host, simulator, h100-llama8b rate 48). One in 4 rather than 2: each read also dates the
+# table, so the next plan recomputes it; 4 took adaserve's time per speculative iteration
+# from ~3.5 to ~3.1 ms at h100-llama8b rate 16 and ~3.6 to ~2.7 at 48 (medians of 3 runs,
+# noisy host) and moved attainment by -0.02 +- 0.23 (a100 rate 8) and +0.04 +- 0.36
+# (h100-llama8b rate 48), 24 paired seeds each (docs/results.md, 2026-12-03).
+READ_PLANNED_EVERY = 4
 # How far each SLO group's request count may drift from the one a plan was made for while the
 # plan serves (`same_batch`).
 BATCH_DRIFT = 0.2
