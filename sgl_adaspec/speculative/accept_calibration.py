@@ -101,30 +101,32 @@ class AcceptanceCalibration:
         """(f [M] ascending, g [M] non-decreasing, (0, 0) first: the bins with trials; the
         segments between them)."""
         if self._fit is None:
-            seen = self._trials > 1e-6
-            trials = self._trials[seen]
-            knots = self._f_sums[seen] / trials
-            weight = trials + self.prior_weight
+            # A few dozen bins: in Python floats, not tensor ops (each op costs more than the
+            # arithmetic, and the fit is remade after every outcome).
+            all_trials = self._trials.tolist()
+            seen = [i for i, t in enumerate(all_trials) if t > 1e-6]
+            trials = [all_trials[i] for i in seen]
+            f_sums, successes = self._f_sums.tolist(), self._successes.tolist()
+            knots = [f_sums[i] / t for i, t in zip(seen, trials)]
+            weight = [t + self.prior_weight for t in trials]
             # The prior: f scaled by how the draft errs overall (all bins' successes over their
             # f, pulled toward 1), so a bin with few trials follows the draft's general bias.
             scale = (float(self._successes.sum()) + self.bias_prior) / (
                 float(self._f_sums.sum()) + self.bias_prior
             )
-            prior = (knots * scale).clamp(max=1.0)
-            rate = (self._successes[seen] + self.prior_weight * prior) / weight
-            zero = torch.zeros(1, dtype=torch.float64)
-            if not bool(seen.any()):  # the identity
-                knots, rate = (
-                    torch.tensor([1.0], dtype=torch.float64),
-                    torch.ones(1, dtype=torch.float64),
-                )
+            prior = [min(k * scale, 1.0) for k in knots]
+            rate = [
+                (successes[i] + self.prior_weight * p) / w for i, p, w in zip(seen, prior, weight)
+            ]
+            if not seen:  # the identity
+                knots, rate = [1.0], [1.0]
             else:
-                rate = _non_decreasing(rate, weight).clamp(0.0, 1.0)
-                if float(knots[-1]) < 1.0:  # above the last bin seen: toward the overall error
-                    end = max(float(rate[-1]), min(scale, 1.0))
-                    knots = torch.cat([knots, torch.ones(1, dtype=torch.float64)])
-                    rate = torch.cat([rate, torch.tensor([end], dtype=torch.float64)])
-            knots, rate = torch.cat([zero, knots]), torch.cat([zero, rate])
+                rate = [min(max(r, 0.0), 1.0) for r in _non_decreasing(rate, weight)]
+                if knots[-1] < 1.0:  # above the last bin seen: toward the overall error
+                    knots.append(1.0)
+                    rate.append(max(rate[-1], min(scale, 1.0)))
+            knots = torch.tensor([0.0, *knots], dtype=torch.float64)
+            rate = torch.tensor([0.0, *rate], dtype=torch.float64)
             segments = (
                 knots[:-1], (knots[1:] - knots[:-1]).clamp(min=1e-12), rate[:-1],
                 rate[1:] - rate[:-1],
@@ -154,14 +156,13 @@ class AcceptanceCalibration:
         return [(f, round(g, 4)) for f, g in zip(points, mapped)]
 
 
-def _non_decreasing(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def _non_decreasing(values: list[float], weights: list[float]) -> list[float]:
     """Weighted least-squares non-decreasing fit (pool adjacent violators) of `values` [M]."""
     blocks: list[list[float]] = []  # [mean, weight, count]
-    for value, weight in zip(values.tolist(), weights.tolist()):
+    for value, weight in zip(values, weights):
         blocks.append([value, weight, 1])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             v2, w2, c2 = blocks.pop()
             v1, w1, c1 = blocks.pop()
             blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
-    out = [mean for mean, _, count in blocks for _ in range(count)]
-    return torch.tensor(out, dtype=torch.float64)
+    return [mean for mean, _, count in blocks for _ in range(count)]

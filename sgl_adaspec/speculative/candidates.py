@@ -158,14 +158,19 @@ class Candidates:
 
     def path_mask(self, nodes: torch.Tensor) -> torch.Tensor:
         """nodes [B] int64 (a node index per request, -1: none) -> [B, N] bool: each node and
-        its ancestors (e.g. a request's accepted path, from its deepest accepted node)."""
+        its ancestors (e.g. a request's accepted path, from its deepest accepted node). Walked
+        in Python over the parents' list: a path is a few nodes, and a walk of tensor ops per
+        level cost ~0.2 ms per iteration (simulator, h100-llama8b rate 16)."""
         mask = torch.zeros_like(self.valid)
-        rows = torch.arange(self.num_requests, device=mask.device)
-        current = nodes.to(mask.device).long()
-        while bool((current >= 0).any()):
-            live = current >= 0
-            mask[rows[live], current[live]] = True
-            current = torch.where(live, self.parents[rows, current.clamp(min=0)], current)
+        parents = self.parents.tolist()
+        rows, cols = [], []
+        for row, node in enumerate(nodes.tolist()):
+            while node >= 0:
+                rows.append(row)
+                cols.append(node)
+                node = parents[row][node]
+        if rows:
+            mask[rows, cols] = True
         return mask
 
     @property
@@ -185,18 +190,17 @@ class Candidates:
     def depth(self) -> torch.Tensor:
         """[B, N] int64: depth of each node; children of the root have depth 1.
 
-        Pointer jumping, one gather per tree level (the loop runs max-depth times, not per node).
-        """
-        depth = torch.ones_like(self.parents)  # [B, N]
-        ancestor = self.parents  # [B, N], -1 once we are past the root
-        while True:
-            above_root = ancestor >= 0
-            if not bool(above_root.any()):
-                return depth
-            depth = depth + above_root
-            ancestor = torch.where(
-                above_root, self.parents.gather(1, ancestor.clamp(min=0)), ancestor
-            )
+        In Python over the parents' list, one pass per row (a parent precedes its children):
+        a tree's nodes are few, and a pointer-jumping walk of tensor ops per level cost
+        ~0.15 ms per iteration (simulator, h100-llama8b rate 16)."""
+        depths = []
+        for parents in self.parents.tolist():
+            row: list[int] = []
+            for parent in parents:
+                row.append(1 if parent < 0 else row[parent] + 1)
+            depths.append(row)
+        depth = torch.tensor(depths, dtype=torch.int64, device=self.parents.device)
+        return depth.view(self.parents.shape)
 
     @cached_property
     def max_depth(self) -> torch.Tensor:

@@ -63,6 +63,7 @@ def slo_group_keys(tpot_slo_ms: torch.Tensor) -> list[float | None]:
 
 
 _ALL = "all requests"  # ShapeGain's key of the table over every request
+GAIN_CHUNK_NODES = 1 << 15  # nodes of pools per `pooled_gain` call (256 KiB of f')
 
 
 @dataclass
@@ -221,27 +222,32 @@ class ShapeGain:
         if stale:
             self._compute_gains(stale, calibrate, fit)
         # Per group (an SLO group's key, or _ALL requests): [S, K] gain summed over the rows
-        # of the drafts that reached each shape, and those rows [S].
-        pooled: dict = {}  # per group: its (gains [S, K], row count, reached shapes) per draft
-        for draft in self._drafts:
-            for key, (_, count, _) in draft.pools.items():
-                pooled.setdefault(key, []).append((draft.gains[key], count, draft.reached))
-        sums: dict = {}
-        for key, drafts in pooled.items():
-            gains = torch.stack([gain for gain, _, _ in drafts])  # [E, S, K]
-            counts = torch.tensor([count for _, count, _ in drafts])
-            weights = torch.stack([reached for _, _, reached in drafts]).double()
-            weights = weights * counts.unsqueeze(1)  # [E, S]
-            # Summed draft after draft (cumsum's order, the same sums as one at a time).
-            total = (gains * weights.unsqueeze(2)).cumsum(0)[-1]
-            sums[key] = (total, weights.cumsum(0)[-1])
-        total, seen = sums.pop(_ALL)
-        reached = seen > 0
-        table = _mean_table(total, seen)
-        groups = {
-            key: torch.where((rows > 0).unsqueeze(1), _mean_table(gained, rows), table)
-            for key, (gained, rows) in sums.items()
-        }
+        # of the drafts that reached each shape, and those rows [S]; every group in one
+        # stack [G, E, S, K], a draft without the group weighed 0 in it.
+        drafts = self._drafts
+        keys = list(dict.fromkeys(key for draft in drafts for key in draft.pools))
+        absent_gain = drafts[0].gains[_ALL].new_zeros(())
+        absent_reached = drafts[0].reached.new_zeros(())
+        gains, reached_by, counts = [], [], []
+        for key in keys:
+            for draft in drafts:
+                pool = draft.pools.get(key)
+                gains.append(absent_gain.expand_as(draft.gains[_ALL]) if pool is None
+                             else draft.gains[key])  # fmt: skip
+                reached_by.append(absent_reached.expand_as(draft.reached) if pool is None
+                                  else draft.reached)  # fmt: skip
+                counts.append(0 if pool is None else pool[1])
+        num_groups, num_drafts = len(keys), len(drafts)
+        gains = torch.stack(gains).view(num_groups, num_drafts, *gains[0].shape)
+        weights = torch.stack(reached_by).double().view(num_groups, num_drafts, -1)
+        weights = weights * torch.tensor(counts).view(num_groups, num_drafts, 1)  # [G, E, S]
+        # Summed draft after draft (cumsum's order, the same sums as one at a time).
+        total = (gains * weights.unsqueeze(3)).cumsum(1)[:, -1]  # [G, S, K]
+        rows = weights.cumsum(1)[:, -1]  # [G, S]
+        everyone = keys.index(_ALL)
+        table = _mean_table(total[everyone], rows[everyone])
+        reached = rows[everyone] > 0
+        means = torch.where((rows > 0).unsqueeze(2), _mean_table(total, rows), table)
         if self.table is not None:
             # A shape no kept draft reached keeps what the drafts that last reached it
             # returned (as last calibrated): else, `drafts` planned drafts after an exploring
@@ -249,44 +255,58 @@ class ShapeGain:
             # could only grow shallower until the next exploration.
             kept = (self.reached & ~reached).unsqueeze(1)
             table = torch.where(kept, self.table, table)
-            groups = {
-                key: torch.where(kept, self.groups.get(key, self.table), value)
-                for key, value in groups.items()
-            }
+            before = torch.stack([self.groups.get(key, self.table) for key in keys])
+            means = torch.where(kept, before, means)
             reached = reached | self.reached
+        groups = {key: means[g] for g, key in enumerate(keys) if g != everyone}
         self.table, self.reached, self.groups = table, reached, groups
 
 
     def _compute_gains(self, drafts: list, calibrate: Callable, fit) -> None:
         """Each of `drafts`' gains per group under `calibrate`, kept on the draft with `fit`.
-        One calibration call for the nodes of them all and, per group, one `pooled_gain` for
-        the pool rows of them all (one per shape a draft reached: a shape it did not reach
-        gains 0, which `refresh` weighs 0); each pool's node indices are shifted to index
-        them all, and every draft's last node (f = 0) pads a short row."""
+        One calibration call for the nodes of them all and one `pooled_gain` for the pool
+        rows of every group of them all (one row per shape a draft reached: a shape it did not
+        reach gains 0, which `refresh` weighs 0); each pool's node indices are shifted to index
+        them all, and every draft's last node (f = 0) pads a short row. All groups in one call,
+        not one per group: each call is some twenty small torch ops, and per group they were
+        most of a refresh (h100-llama8b rate 16: 1.8 ms per refresh with four groups). In chunks
+        of a cache's size: the pools of all of 8 kept drafts' groups in one call took 1.5x
+        as long as one call per group."""
         drafted = [draft.flat_f for draft in drafts]
         starts = [0, *itertools.accumulate(len(flat_f) for flat_f in drafted)]
         node_f = calibrate(torch.cat(drafted))
         zero = starts[1] - 1  # the first draft's last node
-        pooled: dict = {}  # per group: its (pool, row count, draft) per draft
+        entries = []  # (pool, (row count, pool rows), draft, group key), draft after draft
         for draft, start in zip(drafts, starts):
             draft.fit, draft.gains = fit, {}
             for key, (pool, count, pool_rows) in draft.pools.items():
-                pooled.setdefault(key, []).append((pool + start, (count, pool_rows), draft))
-        for key, entries in pooled.items():
-            rows = _stacked([pool for pool, _, _ in entries], zero)  # [sum of S_r, L]
-            lengths = torch.tensor([len(pool) for pool, _, _ in entries])
-            counts = torch.tensor([[c, r] for _, (c, r), _ in entries])  # [E, 2]
-            requests = torch.repeat_interleave(counts[:, 0], lengths)
-            pool_rows = torch.repeat_interleave(counts[:, 1], lengths)
-            # index_select, not node_f[rows]: the same gather, ~3x faster on this many nodes
-            # (~100k-800k at a recalibration under load).
-            pool = node_f.index_select(0, rows.flatten()).view(len(rows), 1, -1)
-            gained = pooled_gain(pool, requests, self.max_nodes, pool_rows)
-            reached = torch.stack([draft.reached for _, _, draft in entries])  # [E, S]
-            gains = gained.new_zeros(*reached.shape, self.max_nodes)
-            gains[reached] = gained[:, 0]  # row-major: the pools' order
-            for (_, _, draft), gain in zip(entries, gains):
-                draft.gains[key] = gain
+                entries.append((pool + start, (count, pool_rows), draft, key))
+        chunk, size = [], 0
+        for entry in entries:  # pools in chunks of at most GAIN_CHUNK_NODES nodes, and one
+            chunk.append(entry)  # pool or more each
+            size += entry[0].numel()
+            if size >= GAIN_CHUNK_NODES:
+                self._chunk_gains(chunk, node_f, zero)
+                chunk, size = [], 0
+        if chunk:
+            self._chunk_gains(chunk, node_f, zero)
+
+    def _chunk_gains(self, entries: list, node_f: torch.Tensor, zero: int) -> None:
+        """`_compute_gains` for `entries` (pool, (row count, pool rows), draft, group key)."""
+        rows = _stacked([pool for pool, _, _, _ in entries], zero)  # [sum of S_r, L]
+        lengths = torch.tensor([len(pool) for pool, _, _, _ in entries])
+        counts = torch.tensor([counts for _, counts, _, _ in entries])  # [E, 2]
+        requests = torch.repeat_interleave(counts[:, 0], lengths)
+        pool_rows = torch.repeat_interleave(counts[:, 1], lengths)
+        # index_select, not node_f[rows]: the same gather, ~3x faster on this many nodes
+        # (~100k-800k at a recalibration under load).
+        pool = node_f.index_select(0, rows.flatten()).view(len(rows), 1, -1)
+        gained = pooled_gain(pool, requests, self.max_nodes, pool_rows)
+        reached = torch.stack([draft.reached for _, _, draft, _ in entries])  # [E, S]
+        gains = gained.new_zeros(*reached.shape, self.max_nodes)
+        gains[reached] = gained[:, 0]  # row-major: the pools' order
+        for (_, _, draft, key), gain in zip(entries, gains):
+            draft.gains[key] = gain
 
 
 @dataclass
@@ -352,8 +372,9 @@ def _stacked(pools: list[torch.Tensor], fill: int) -> torch.Tensor:
 
 
 def _mean_table(gained: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """gained [S, K] (summed with `weight`), weight [S] -> [S, K + 1] means, column 0 = 0."""
-    mean = gained / weight.clamp(min=1e-9).unsqueeze(1)
+    """gained [..., S, K] (summed with `weight`), weight [..., S] -> [..., S, K + 1] means,
+    column 0 = 0."""
+    mean = gained / weight.clamp(min=1e-9).unsqueeze(-1)
     return torch.nn.functional.pad(mean, (1, 0))
 
 
@@ -452,12 +473,13 @@ def plan_shape(
     # whatever the shape: a group of their own within their SLO group.
     groups = []  # (requests, expected tokens [S, K], SloOutlook or None: best effort, guarded)
     plain_kept = 0.0
+    log_theta = recovery_log_theta(slo)  # [B], read by every group's outlook
     for key, is_blind in sorted({(key, bool(b)) for key, b in zip(keys, blind.tolist())}, key=str):
         members = torch.tensor([k == key for k in keys]) & (blind == is_blind)
         expected = 1.0 + gain.group_table(key).index_select(0, rows)[:, :size]  # [S, K]
         if is_blind:
             expected = torch.ones_like(expected)
-        outlook = None if key is None else SloOutlook.of(slo, members, spread)
+        outlook = None if key is None else SloOutlook.of(slo, members, spread, log_theta)
         guarded = True
         if outlook is not None:
             plain_kept += float(outlook.kept(torch.ones_like(plain_ms), plain_wall).sum())
@@ -565,16 +587,18 @@ class SloOutlook:
     per_slo: tuple[tuple[float, torch.Tensor], ...]
 
     @classmethod
-    def of(cls, slo: SloBatch, members: torch.Tensor, spread: float) -> SloOutlook:
-        """The group of `slo`'s requests `members` [B] bool."""
+    def of(
+        cls, slo: SloBatch, members: torch.Tensor, spread: float,
+        log_theta: torch.Tensor | None = None,
+    ) -> SloOutlook:  # fmt: skip
+        """The group of `slo`'s requests `members` [B] bool; log_theta [B]: the batch's
+        `recovery_log_theta`, where the caller computed it for several groups."""
+        if log_theta is None:
+            log_theta = recovery_log_theta(slo)
         per_slo = []
-        for tpot in torch.unique(slo.tpot_slo_ms[members]).tolist():
+        for tpot in sorted(set(slo.tpot_slo_ms[members].tolist())):
             rows = members & (slo.tpot_slo_ms == tpot)
-            tokens = slo.tokens_out[rows].double()
-            elapsed = slo.decode_elapsed_ms[rows].double()
-            ratio = torch.where(tokens > 0, elapsed / (tokens.clamp(min=1.0) * tpot), 1.0)
-            log_theta = torch.where(ratio < 2.0, -torch.log((2.0 - ratio).clamp(min=1e-9)), math.inf)
-            per_slo.append((tpot, torch.sort(log_theta).values))
+            per_slo.append((tpot, torch.sort(log_theta[rows]).values))
         return cls(spread, tuple(per_slo))
 
     def kept(self, expected: torch.Tensor, wall_ms: torch.Tensor) -> torch.Tensor:
@@ -598,6 +622,16 @@ class SloOutlook:
             bool(log_theta[0] <= math.log(tpot / float(plain_wall_ms)))
             for tpot, log_theta in self.per_slo
         )
+
+
+def recovery_log_theta(slo: SloBatch) -> torch.Tensor:
+    """[B] float64: each request's log theta (`SloOutlook`), inf past recovery or without an
+    SLO."""
+    tokens = slo.tokens_out.double()
+    elapsed = slo.decode_elapsed_ms.double()
+    tpot = slo.tpot_slo_ms.double()
+    ratio = torch.where(tokens > 0, elapsed / (tokens.clamp(min=1.0) * tpot), 1.0)
+    return torch.where(ratio < 2.0, -torch.log((2.0 - ratio).clamp(min=1e-9)), math.inf)
 
 
 def cost_budget(
