@@ -264,14 +264,14 @@ class ShapeGain:
 
     def _compute_gains(self, drafts: list, calibrate: Callable, fit) -> None:
         """Each of `drafts`' gains per group under `calibrate`, kept on the draft with `fit`.
-        One calibration call for the nodes of them all and one `pooled_gain` for the pool
-        rows of every group of them all (one row per shape a draft reached: a shape it did not
-        reach gains 0, which `refresh` weighs 0); each pool's node indices are shifted to index
-        them all, and every draft's last node (f = 0) pads a short row. All groups in one call,
-        not one per group: each call is some twenty small torch ops, and per group they were
-        most of a refresh (h100-llama8b rate 16: 1.8 ms per refresh with four groups). In chunks
-        of a cache's size: the pools of all of 8 kept drafts' groups in one call took 1.5x
-        as long as one call per group."""
+        One calibration call for the nodes of them all, then one `pooled_gain` per chunk of
+        pools of every group and draft (a pool has one row per shape its draft reached: a
+        shape it did not reach gains 0, which `refresh` weighs 0); each pool's node indices
+        are shifted to index them all, and every draft's last node (f = 0) pads a short row.
+        Chunks, not one call per group: a call is some twenty small torch ops, and per group
+        they were most of a refresh that recalibrates one new draft (h100-llama8b rate 16,
+        four groups); and not one call for all: the pools of 8 kept drafts' groups in one
+        call took 1.5x as long as one call per group (they outgrow a cache)."""
         drafted = [draft.flat_f for draft in drafts]
         starts = [0, *itertools.accumulate(len(flat_f) for flat_f in drafted)]
         node_f = calibrate(torch.cat(drafted))
@@ -281,9 +281,9 @@ class ShapeGain:
             draft.fit, draft.gains = fit, {}
             for key, (pool, count, pool_rows) in draft.pools.items():
                 entries.append((pool + start, (count, pool_rows), draft, key))
-        chunk, size = [], 0
-        for entry in entries:  # pools in chunks of at most GAIN_CHUNK_NODES nodes, and one
-            chunk.append(entry)  # pool or more each
+        chunk, size = [], 0  # pools, until they hold GAIN_CHUNK_NODES nodes or more
+        for entry in entries:
+            chunk.append(entry)
             size += entry[0].numel()
             if size >= GAIN_CHUNK_NODES:
                 self._chunk_gains(chunk, node_f, zero)
