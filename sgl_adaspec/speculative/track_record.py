@@ -1,5 +1,6 @@
 """How planned speculation delivered against its plan: the realized tokens per ms of the
-iterations that ran a cost plan's shape, over what the plan predicted for them.
+iterations that ran a cost plan's shape, over what the plan predicted for them
+(`PlanTrackRecord`); and how a fitted price held at one load (`PriceRecord`).
 
 The plan's inputs are estimates (the gain table of a few recent drafts, the fitted draft and
 verify costs). Where they are sound the ratio stays near 1; where they are not -- on a CPU, a
@@ -10,7 +11,10 @@ it has been falling short (`required_edge`). Pure: numbers in, numbers out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 # Weight of the past per planned iteration: the record spans about 1 / (1 - decay) of them.
 RECORD_DECAY = 0.85
@@ -59,3 +63,41 @@ class PlanTrackRecord:
         speculation has delivered `ratio` < 1 of its prediction must predict 1 / ratio more.
         A record above 1 lowers nothing (the promise is never to be slower than plain)."""
         return (1.0 + margin) / min(self.ratio, 1.0) - 1.0
+
+
+# Steady plain iterations a `PriceRecord` keeps at one load.
+PRICE_SPAN = 8
+
+
+@dataclass
+class PriceRecord:
+    """The last PRICE_SPAN measurements at one load of what a fitted price prices, to tell how
+    the fit holds there. A plain decode's price is a line fitted over every load the server
+    ran, and a few dear iterations at loads a batch passes through (its requests arriving or
+    finishing beside the tokenizer and the client) lift the line at every other load: on
+    SmolLM2 on a CPU it priced a plain decode at 4 and 8 requests 9-11 % over what those took
+    (136 and 153 ms against 123 and 140), and the plan speculated at a predicted 1.3-1.4x
+    edge that was 0.9-1.07x (`benchmarks/cost_aware.py`, decision log, 2026-12-04)."""
+
+    measured: deque = field(default_factory=lambda: deque(maxlen=PRICE_SPAN))
+    count: int = 0  # measurements ever made: names the record's state
+
+    def observe(self, features: tuple[float, ...], ms: float) -> None:
+        if not ms > 0:
+            raise ValueError(f"price record needs a positive time, got {ms} ms")
+        self.measured.append((features, ms))
+        self.count += 1
+
+    def factor(self, predict: Callable[[tuple[float, ...]], float | None]) -> float:
+        """The median of measured over what `predict` prices each measurement at (the fit as
+        it stands: one that has learned these measurements too is not corrected twice; the
+        median, so one stalled iteration does not move it); 1.0 until MIN_RECORD are in."""
+        if len(self.measured) < MIN_RECORD:
+            return 1.0
+        ratios = []
+        for features, ms in self.measured:
+            predicted = predict(features)
+            if predicted is None or predicted <= 0:
+                return 1.0
+            ratios.append(ms / predicted)
+        return statistics.median(ratios)

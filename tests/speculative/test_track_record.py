@@ -9,9 +9,14 @@ import pytest
 import torch
 from test_cost_rule import drafted, slo, speculating_policy
 
-from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig
+from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
 from sgl_adaspec.speculative.policies.base import Outcome
-from sgl_adaspec.speculative.track_record import MIN_RECORD, PlanTrackRecord
+from sgl_adaspec.speculative.track_record import (
+    MIN_RECORD,
+    PRICE_SPAN,
+    PlanTrackRecord,
+    PriceRecord,
+)
 
 
 def test_record_is_neutral_until_it_has_seen_enough():
@@ -103,3 +108,72 @@ def test_a_short_record_at_one_load_does_not_hold_back_another():
     # edge the one-request record asks, but that record was not made at this load.
     assert drafted(policy, 2, 4, 2, slo([math.nan, math.nan]))[0] > 0
     assert policy.record_at(2).ratio == 1.0 and policy.record_at(3) is policy.record_at(2)
+
+
+def test_price_record_is_neutral_until_it_has_seen_enough():
+    record = PriceRecord()
+    for _ in range(int(MIN_RECORD) - 1):
+        record.observe((4, 0), 50.0)
+    assert record.factor(lambda features: 100.0) == 1.0
+
+
+def test_price_record_is_measured_over_the_fit_as_it_stands():
+    record = PriceRecord()
+    for ms in (90.0, 110.0, 100.0, 1000.0, 95.0):  # one stalled iteration among them
+        record.observe((4, 0), ms)
+    assert record.factor(lambda features: 125.0) == pytest.approx(0.8)
+    # A fit that has learned the same measurements is not corrected a second time.
+    assert record.factor(lambda features: 100.0) == pytest.approx(1.0)
+    # Each measurement against its own price: 4 requests at 0.8 of theirs, 8 at 0.8.
+    mixed = PriceRecord()
+    for features, ms in (((4, 0), 80.0), ((8, 0), 160.0), ((4, 0), 80.0)):
+        mixed.observe(features, ms)
+    assert mixed.factor(lambda features: 25.0 * features[0]) == pytest.approx(0.8)
+    assert record.factor(lambda features: None) == 1.0  # no fit: nothing to correct
+
+
+def test_price_record_keeps_the_last_measurements():
+    record = PriceRecord()
+    for _ in range(PRICE_SPAN):
+        record.observe((4, 0), 200.0)
+    for _ in range(PRICE_SPAN):
+        record.observe((4, 0), 100.0)
+    assert record.factor(lambda features: 100.0) == pytest.approx(1.0)
+    assert record.count == 2 * PRICE_SPAN
+
+
+def test_price_record_refuses_nonsense():
+    with pytest.raises(ValueError, match="positive time"):
+        PriceRecord().observe((4, 0), 0.0)
+
+
+def test_adaserve_prices_a_plain_decode_by_the_plain_decodes_measured_at_its_load():
+    # Dear plain iterations at 2-3 requests (a batch filling or emptying beside the client)
+    # and steady ones at 4: a price non-decreasing in the load cannot pass through both.
+    policy = AdaservePolicy(AdaserveConfig())
+    for _ in range(3):
+        for n, ms in ((2, 150.0), (3, 190.0)):
+            policy.observe_plain_iteration(ms, n, 100 * n)
+    for ms in (118.0, 124.0, 120.0, 126.0):
+        policy.observe_plain_iteration(ms, 4, 400)
+    fit = policy.plain_latency.predict
+    assert fit((4, 400)) > 140.0  # lifted by the dear loads
+    # Measured at this very load, the price is what was measured there, whatever the fit.
+    assert policy._plain_price(4, 400) == pytest.approx(122.0)
+    # Within 2x of it, the fit scaled by how it held there; elsewhere the fit alone.
+    assert policy._plain_price(5, 500) == pytest.approx(fit((5, 500)) * 122.0 / fit((4, 400)))
+    assert policy._plain_price(8, 800) == pytest.approx(fit((8, 800)))
+
+
+def test_adaserve_stands_down_where_plain_decodes_measured_cheaper_than_their_fit():
+    # The plan: a 2-deep chain, 2.6 tokens in ~12 ms, against a plain decode fitted at 10 ms.
+    policy = speculating_policy(AdaserveConfig(explore_interval=100))
+    one = slo([math.nan])
+    assert drafted(policy, 1, 4, 2, one) == (2, 1)
+    policy = speculating_policy(AdaserveConfig(explore_interval=100))
+    for _ in range(3):  # plain decodes at this load take 4 ms; the fit, with its seed, 5.5
+        policy.observe_plain_iteration(4.0, 1, 10)
+    assert policy.plain_latency.predict((1, 10)) == pytest.approx(5.5)
+    # 2.6 tokens per 12 ms beats one per 5.5 ms, not one per 4 ms.
+    assert drafted(policy, 1, 4, 2, one)[0] == 0
+    assert policy._last_planned.plain_ms == pytest.approx(4.0)

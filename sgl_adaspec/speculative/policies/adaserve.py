@@ -52,7 +52,7 @@ from sgl_adaspec.speculative.policies.base import (
 )
 from sgl_adaspec.speculative.selection import Selection, expected_accepted, select_adaserve
 from sgl_adaspec.speculative.shapes import restrict_to_shape
-from sgl_adaspec.speculative.track_record import PlanTrackRecord
+from sgl_adaspec.speculative.track_record import PlanTrackRecord, PriceRecord
 
 BUDGET_RULES = ("cost", "knee")
 # Iterations one cost plan may serve while its inputs stand (see `_cost_plan`).
@@ -253,6 +253,10 @@ class AdaservePolicy(PolicyBase):
     # models' errors depend on the load), and the plan this iteration runs (None: a plain,
     # probing, exploring or cold iteration, which no plan predicted).
     records: dict[int, PlanTrackRecord] = field(default_factory=dict)
+    # Per `load_bucket`, how the fitted plain price held against the steady plain iterations
+    # measured there (`_plain_price`).
+    plain_records: dict[int, PriceRecord] = field(default_factory=dict)
+    _plain_factors: dict = field(default_factory=dict, repr=False)  # bucket -> (state, factor)
     _running_plan: PlanChoice | None = field(default=None, repr=False)
     # For the decision log: why the last draft shape was chosen, the plan it was chosen by,
     # and how many of its requests were blind to the draft.
@@ -467,7 +471,7 @@ class AdaservePolicy(PolicyBase):
         n, context = self._deciding_for, self._context_tokens
         extend_ms = self.draft_latency.predict((1, n))
         verify_ms = self.verify_latency.predict((n, context))
-        plain_ms = self.plain_latency.predict((n, context))
+        plain_ms = self._plain_price(n, context)
         if extend_ms is None or verify_ms is None or plain_ms is None:
             return True
         # A depth-1 chain over n roots is a draft forward over n rows: the extend's price.
@@ -572,6 +576,39 @@ class AdaservePolicy(PolicyBase):
             record = self.records[bucket] = PlanTrackRecord()
         return record
 
+    def _plain_price(self, num_requests: int, context_tokens: int) -> float | None:
+        """A plain decode's price at this load: the fit over every load, times how it held
+        against the steady plain iterations measured at this load (`PriceRecord`): a line
+        through every load the server ran is lifted at all of them by dear iterations at a
+        few (None: unfitted)."""
+        fitted = self.plain_latency.predict((num_requests, context_tokens))
+        return None if fitted is None else fitted * self._plain_factor(num_requests)
+
+    def _plain_factor(self, num_requests: int) -> float:
+        bucket = load_bucket(num_requests)
+        record = self.plain_records.get(bucket)
+        if record is None:
+            return 1.0
+        state = (bucket, record.count, self.plain_latency.version)
+        cached = self._plain_factors.get(bucket)
+        if cached is None or cached[0] != state:  # recomputed after a measurement or a refit
+            factor = record.factor(self.plain_latency.predict)
+            cached = self._plain_factors[bucket] = (state, factor)
+        return cached[1]
+
+    def observe_plain_iteration(
+        self,
+        latency_ms: float,
+        num_requests: int = 1,
+        context_tokens: int = 0,
+        steady: bool = True,
+    ) -> None:
+        """A steady plain iteration is also a measurement of the plain price at its load."""
+        if steady and latency_ms > 0:
+            record = self.plain_records.setdefault(load_bucket(num_requests), PriceRecord())
+            record.observe((num_requests, context_tokens), latency_ms)
+        super().observe_plain_iteration(latency_ms, num_requests, context_tokens, steady)
+
     def _speculation_pays_alone(self) -> bool:
         """Whether speculation beats decoding with no draft work at all, for one request alone.
         Coming from a cold plain iteration, speculation must beat it by the plan's switch edge
@@ -599,10 +636,11 @@ class AdaservePolicy(PolicyBase):
         alike: a warm one holds a draft forward over its new tokens, taken out by the share
         of warm ones."""
         verify = self.verify_latency
+        factors = [self._plain_factor(load) for load in loads]
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
             self.acceptance.version, self.plain_latency.version, round(self._warm_share, 1),
-            round(margin * 50),
+            round(margin * 50), tuple(round(factor * 50) for factor in factors),
         )  # fmt: skip
         cached = self._pays_cache.get(loads)  # one entry per set of loads asked
         if cached is not None and cached[0] == key:
@@ -611,6 +649,7 @@ class AdaservePolicy(PolicyBase):
         n = torch.tensor(loads, dtype=torch.float64)
         plain_ms = self.plain_latency.predict_tensor(n, n * context)
         if plain_ms is not None:
+            plain_ms = plain_ms * torch.tensor(factors, dtype=torch.float64)
             extend_ms = self.draft_latency.predict_tensor(1.0, n)
             if extend_ms is not None:
                 plain_ms = plain_ms - self._warm_share * extend_ms
@@ -730,7 +769,7 @@ class AdaservePolicy(PolicyBase):
             self._standing_down = (*standing[:3], standing[3] + 1)
             return standing[2]
         if fitted_price:
-            plain_ms = self.plain_latency.predict((slo.num_requests, self._context_tokens))
+            plain_ms = self._plain_price(slo.num_requests, self._context_tokens)
         base = self.config.switch_margin if self._plain_run > 0 else 0.0
         # In steps of 2 %, so the plan cache survives the record's drift.
         margin = round(self.record_at(slo.num_requests).required_edge(base) * 50) / 50
