@@ -512,6 +512,9 @@ class AdaservePolicy(PolicyBase):
                 1.0 - WARM_SHARE_DECAY
             ) * float(outcome.draft_kept)
         planned, self._running_plan = self._running_plan, None
+        if self.steady_plain(outcome) and outcome.iteration_ms > 0:  # the plain price's measure
+            record = self.plain_records.setdefault(load_bucket(self._last_load), PriceRecord())
+            record.observe((self._last_load, outcome.context_tokens), outcome.iteration_ms)
         if self._reason == "probe" and not self._cold and self._measured(outcome):
             self._judge_probe(outcome)
         if outcome.speculated:  # what a draft returned may end a stand-down now
@@ -595,19 +598,6 @@ class AdaservePolicy(PolicyBase):
             factor = record.factor(self.plain_latency.predict)
             cached = self._plain_factors[bucket] = (state, factor)
         return cached[1]
-
-    def observe_plain_iteration(
-        self,
-        latency_ms: float,
-        num_requests: int = 1,
-        context_tokens: int = 0,
-        steady: bool = True,
-    ) -> None:
-        """A steady plain iteration is also a measurement of the plain price at its load."""
-        if steady and latency_ms > 0:
-            record = self.plain_records.setdefault(load_bucket(num_requests), PriceRecord())
-            record.observe((num_requests, context_tokens), latency_ms)
-        super().observe_plain_iteration(latency_ms, num_requests, context_tokens, steady)
 
     def _speculation_pays_alone(self) -> bool:
         """Whether speculation beats decoding with no draft work at all, for one request alone.

@@ -317,15 +317,23 @@ class PolicyBase:
                 priced=priced,
             )  # fmt: skip
         else:
-            # A plain decode's price is a plain decode's among plain ones of the same batch: the
-            # first after a prefill or after speculation also pays SGLang's switch (2-3x a
-            # steady one on the tiny bigram pair), and the first after requests finished pays
-            # their release (~1.6x on SmolLM2), once each, not per iteration.
-            steady = self._previous_plain == len(outcome.rids) and not outcome.after_prefill
             self.observe_plain_iteration(
-                outcome.iteration_ms, len(outcome.rids), outcome.context_tokens, steady
-            )
+                outcome.iteration_ms, len(outcome.rids), outcome.context_tokens,
+                self.steady_plain(outcome),
+            )  # fmt: skip
         self._previous_plain = 0 if outcome.speculated else len(outcome.rids)
+
+    def steady_plain(self, outcome: Outcome) -> bool:
+        """Whether `outcome` (before `observe` takes it) is a steady plain iteration, a plain
+        decode's price: a plain decode among plain ones of the same batch. The first after a
+        prefill or after speculation also pays SGLang's switch (2-3x a steady one on the tiny
+        bigram pair), and the first after requests finished pays their release (~1.6x on
+        SmolLM2), once each, not per iteration."""
+        return (
+            not outcome.speculated
+            and self._previous_plain == len(outcome.rids)
+            and not outcome.after_prefill
+        )
 
     @property
     def wall_per_decode(self) -> float:
