@@ -179,6 +179,8 @@ def test_adaserve_prices_a_plain_decode_by_the_plain_decodes_measured_at_its_loa
     # Within 2x of it, the fit scaled by how it held there; elsewhere the fit alone.
     assert policy._plain_price(5, 500) == pytest.approx(fit((5, 500)) * 122.0 / fit((4, 400)))
     assert policy._plain_price(8, 800) == pytest.approx(fit((8, 800)))
+    # Where the plain decodes measured dearer than the fit, the price stays the fit's.
+    assert policy._plain_price(3, 300) == pytest.approx(fit((3, 300)))
 
 
 def test_adaserve_stands_down_where_plain_decodes_measured_cheaper_than_their_fit():

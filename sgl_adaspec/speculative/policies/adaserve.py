@@ -581,9 +581,12 @@ class AdaservePolicy(PolicyBase):
 
     def _plain_price(self, num_requests: int, context_tokens: int) -> float | None:
         """A plain decode's price at this load: the fit over every load, times how it held
-        against the steady plain iterations measured at this load (`PriceRecord`): a line
-        through every load the server ran is lifted at all of them by dear iterations at a
-        few (None: unfitted)."""
+        against the steady plain iterations measured at this load (`PriceRecord`), where they
+        were cheaper: a line through every load the server ran is lifted at all of them by
+        dear iterations at a few. Never dearer than the fit: dear plain iterations at a load
+        (a batch filling or emptying beside the client) would make speculation look paying
+        there, at the very moments speculation is dear too, and the promise is never to be
+        slower than plain (None: unfitted)."""
         fitted = self.plain_latency.predict((num_requests, context_tokens))
         return None if fitted is None else fitted * self._plain_factor(num_requests)
 
@@ -595,7 +598,7 @@ class AdaservePolicy(PolicyBase):
         state = (bucket, record.count, self.plain_latency.version)
         cached = self._plain_factors.get(bucket)
         if cached is None or cached[0] != state:  # recomputed after a measurement or a refit
-            factor = record.factor(self.plain_latency.predict)
+            factor = min(record.factor(self.plain_latency.predict), 1.0)
             cached = self._plain_factors[bucket] = (state, factor)
         return cached[1]
 
