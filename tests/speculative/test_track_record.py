@@ -10,7 +10,7 @@ import torch
 from test_cost_rule import drafted, slo, speculating_policy
 
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
-from sgl_adaspec.speculative.policies.base import Outcome
+from sgl_adaspec.speculative.policies.base import Outcome, make_outcome
 from sgl_adaspec.speculative.track_record import (
     MIN_RECORD,
     PRICE_SPAN,
@@ -149,12 +149,10 @@ def test_price_record_refuses_nonsense():
 
 def plain_outcome(requests: int, iteration_ms: float) -> Outcome:
     """An iteration without speculation, run as a plain decode's forward (as on the CPU)."""
-    ones = torch.ones(requests, dtype=torch.long)
-    return Outcome(
-        rids=tuple(f"r{i}" for i in range(requests)), verified=ones, accepted=ones,
-        verified_f=None, accepted_nodes=None, verify_ms=iteration_ms, iteration_ms=iteration_ms,
-        context_tokens=100 * requests, draft_steps=0, draft_width=1, budget=requests, depth=0,
-        width=1, verify_as_decode=True,
+    return make_outcome(
+        None, None, rids=tuple(f"r{i}" for i in range(requests)),
+        accepted=torch.ones(requests, dtype=torch.long), verify_ms=iteration_ms,
+        iteration_ms=iteration_ms, context_tokens=100 * requests, verify_as_decode=True,
     )  # fmt: skip
 
 

@@ -595,7 +595,7 @@ class AdaservePolicy(PolicyBase):
         record = self.plain_records.get(bucket)
         if record is None:
             return 1.0
-        state = (bucket, record.count, self.plain_latency.version)
+        state = (record.count, self.plain_latency.version)
         cached = self._plain_factors.get(bucket)
         if cached is None or cached[0] != state:  # recomputed after a measurement or a refit
             factor = min(record.factor(self.plain_latency.predict), 1.0)
