@@ -29,6 +29,11 @@ def register() -> None:
         HookType.AFTER,
     )
     HookRegistry.register(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+        _reject_out_of_vocabulary_ids,
+        HookType.AFTER,
+    )
+    HookRegistry.register(
         "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.handle_request",
         _slo_from_openai_metadata,
         HookType.AROUND,
@@ -45,6 +50,21 @@ def _validate_request_slo(_result, sampling_params, *args, **kwargs) -> None:
     from sgl_adaspec.scheduler.request_slo import parse_request_slo
 
     parse_request_slo(sampling_params.custom_params, AdaspecConfig.from_env().load_slo_config())
+
+
+def _reject_out_of_vocabulary_ids(_result, manager, obj, input_ids, *args, **kwargs) -> None:
+    """AFTER hook on `TokenizerManager._validate_one_request`: a token id outside the target's
+    vocabulary is refused as the request's error (HTTP 400). SGLang 0.5.23 checks lengths there
+    but not ids, and such an id reaches the embedding and takes the scheduler down."""
+    if not input_ids:
+        return
+    vocab_size = manager.model_config.vocab_size
+    for token in input_ids:
+        if not isinstance(token, int) or not 0 <= token < vocab_size:
+            raise ValueError(
+                f"input_ids contains {token!r}, not a token id of the model's vocabulary "
+                f"[0, {vocab_size})"
+            )
 
 
 async def _slo_from_openai_metadata(original, serving, request, raw_request, *args, **kwargs):

@@ -86,3 +86,20 @@ def test_malformed_slo_config_fails_startup_with_file_and_line(tmp_path):
     )  # fmt: skip
     assert result.returncode == 2
     assert f"sgl_adaspec: error: {config}:3: class 'chat' tpot_ms must be > 0" in result.stderr
+
+
+@pytest.mark.parametrize("api", ["generate", "completions"])
+@pytest.mark.parametrize("token", [10**9, -1])
+def test_a_token_id_outside_the_vocabulary_gets_400_and_the_server_keeps_serving(
+    eagle_server, api, token
+):
+    """SGLang 0.5.23 sends such an id to the embedding, which takes the scheduler down."""
+    if api == "generate":
+        body = {"input_ids": [5, token], "sampling_params": {"max_new_tokens": 4}}
+    else:
+        body = {"model": "default", "prompt": [5, token], "max_tokens": 4}
+    path = "generate" if api == "generate" else f"v1/{api}"
+    response = requests.post(f"{eagle_server.url}/{path}", json=body, timeout=120)
+    assert response.status_code == 400, response.text
+    assert f"input_ids contains {token}, not a token id" in response.text
+    assert post(eagle_server, api, {"tpot_slo_ms": 40}).status_code == 200
