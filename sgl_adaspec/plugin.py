@@ -30,7 +30,7 @@ def register() -> None:
     )
     HookRegistry.register(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
-        _reject_out_of_vocabulary_ids,
+        _check_prompt_ids,
         HookType.AFTER,
     )
     HookRegistry.register(
@@ -52,12 +52,15 @@ def _validate_request_slo(_result, sampling_params, *args, **kwargs) -> None:
     parse_request_slo(sampling_params.custom_params, AdaspecConfig.from_env().load_slo_config())
 
 
-def _reject_out_of_vocabulary_ids(_result, manager, obj, input_ids, *args, **kwargs) -> None:
-    """AFTER hook on `TokenizerManager._validate_one_request`: a token id outside the target's
-    vocabulary is refused as the request's error (HTTP 400). SGLang 0.5.23 checks lengths there
-    but not ids, and such an id reaches the embedding and takes the scheduler down."""
-    if not input_ids:
+def _check_prompt_ids(_result, manager, obj, input_ids, *args, **kwargs) -> None:
+    """AFTER hook on `TokenizerManager._validate_one_request`: a prompt of no tokens (text that
+    tokenizes to nothing, on a tokenizer without a BOS token) and a token id outside the target's
+    vocabulary are refused as the request's error (HTTP 400). SGLang 0.5.23 checks lengths there
+    but neither of these, and both reach the model's forward and take the scheduler down."""
+    if input_ids is None or getattr(obj, "input_embeds", None) is not None:
         return
+    if len(input_ids) == 0:
+        raise ValueError("the prompt is empty: it has no tokens to prefill")
     vocab_size = manager.model_config.vocab_size
     for token in input_ids:
         if not isinstance(token, int) or not 0 <= token < vocab_size:

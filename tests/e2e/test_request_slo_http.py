@@ -103,3 +103,17 @@ def test_a_token_id_outside_the_vocabulary_gets_400_and_the_server_keeps_serving
     assert response.status_code == 400, response.text
     assert f"input_ids contains {token}, not a token id" in response.text
     assert post(eagle_server, api, {"tpot_slo_ms": 40}).status_code == 200
+
+
+@pytest.mark.parametrize("text", ["", ["def f(x):", ""]])
+def test_a_prompt_of_no_tokens_gets_400_and_the_server_keeps_serving(eagle_server, text):
+    """The tiny tokenizer adds no BOS token, so an empty text is a prompt of no tokens, which
+    SGLang 0.5.23 alone prefills and crashes on (its OpenAI endpoints refuse an empty prompt)."""
+    response = requests.post(
+        f"{eagle_server.url}/generate",
+        json={"text": text, "sampling_params": {"max_new_tokens": 4}},
+        timeout=120,
+    )
+    assert response.status_code == 400, response.text
+    assert "the prompt is empty" in response.text
+    assert post(eagle_server, "generate", {"tpot_slo_ms": 40}).status_code == 200
