@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
 import torch
 
+from sgl_adaspec.bench.traces import TRACE_FORMATS
 from sgl_adaspec.flags import comma_floats
 from sgl_adaspec.sim.acceptance import DEFAULT, NAMED
 from sgl_adaspec.sim.experiments import SweepConfig, rps_sweep_main
@@ -44,6 +46,9 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
     parser.add_argument("--max-running-requests", type=int)
     parser.add_argument("--trace", help="trace experiment: AdaServe JSON, Azure or timestamps CSV")
     parser.add_argument(
+        "--trace-format", choices=("auto", *TRACE_FORMATS), help="trace experiment (default auto)"
+    )
+    parser.add_argument(
         "--time-compression", type=float, help="trace experiment: arrivals divided by this"
     )
     parser.add_argument(
@@ -66,10 +71,25 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
     args = vars(parser.parse_args(argv))
     experiment = args.pop("experiment")
     given = {k: v for k, v in args.items() if v is not None}
+    if experiment == "trace" and "trace" not in given:
+        parser.error("--experiment trace needs --trace PATH")
     try:
-        return experiment, dataclasses.replace(SweepConfig(), **given)
-    except ValueError as exc:
+        config = dataclasses.replace(SweepConfig(), **given)
+        _check_inputs(experiment, config)
+    except (ValueError, OSError) as exc:
         parser.error(str(exc))
+    return experiment, config
+
+
+def _check_inputs(experiment: str, config: SweepConfig) -> None:
+    """The acceptance model and the trace read before anything runs, so a missing or malformed
+    file is one error line rather than a traceback minutes in."""
+    from sgl_adaspec.bench.traces import load_trace
+    from sgl_adaspec.sim.acceptance import resolve
+
+    resolve(config.acceptance)
+    if experiment == "trace":
+        load_trace(Path(config.trace), config.trace_format)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,9 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     elif experiment == "trace":
         from sgl_adaspec.sim.experiments import trace_main
 
-        if config.trace is None:
-            print("error: --experiment trace needs --trace PATH", file=sys.stderr)
-            return 2
         trace_main(config)
     elif experiment == "dp-dispatch":
         from sgl_adaspec.sim.replicas import dp_dispatch_main

@@ -178,6 +178,8 @@ def resolve(spec: str | Path | None) -> AcceptanceModel:
         return DEFAULT
     if str(spec) in NAMED:
         return NAMED[str(spec)]
+    if not Path(spec).is_file():
+        raise ValueError(f"acceptance model {spec}: no such file, nor one of {', '.join(NAMED)}")
     return AcceptanceModel.load(spec)
 
 

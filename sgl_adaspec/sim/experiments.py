@@ -47,6 +47,7 @@ class SweepConfig:
     # The `trace` experiment: a trace file (bench formats), its time compression and, if set,
     # the multiple of every baseline-relative SLO (see `trace_replay`).
     trace: str | None = None
+    trace_format: str = "auto"  # or one of bench.traces.TRACE_FORMATS; auto: from the file
     time_compression: float = 1.0
     relative_slo_scale: float | None = None
     # The `dp-dispatch` experiment: data-parallel replicas (`replicas.py`).
@@ -67,7 +68,11 @@ class SweepConfig:
             raise ValueError(f"time compression must be > 0, got {self.time_compression}")
         if not self.policy_time_scale >= 0:
             raise ValueError(f"--charge-policy-time must be >= 0, got {self.policy_time_scale}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max running requests must be >= 1, got {self.max_running_requests}")
         known = POLICY_NAMES + EXTRA_POLICY_NAMES
+        if not self.policies:
+            raise ValueError(f"no policy given; choose from {', '.join(known)}")
         unknown = [p for p in self.policies if p not in known]
         if unknown:
             raise ValueError(f"unknown policies {unknown}; choose from {', '.join(known)}")
@@ -317,7 +322,7 @@ def run_trace(config: SweepConfig, progress=print) -> dict:
         raise ValueError("the trace experiment needs --trace PATH")
     setup = SweepSetup.of(config)
     workload = trace_workload(
-        load_trace(Path(config.trace)), setup.slo_config, setup.baseline,
+        load_trace(Path(config.trace), config.trace_format), setup.slo_config, setup.baseline,
         time_compression=config.time_compression,
         relative_slo_scale=config.relative_slo_scale, seed=config.seed,
     )  # fmt: skip

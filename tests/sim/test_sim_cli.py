@@ -33,6 +33,32 @@ def test_rates_that_are_not_numbers_are_a_usage_error_naming_them(capsys):
     assert "expected comma-separated numbers, got '1,two'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--policies", ","], "no policy given"),
+        (["--max-running-requests", "0"], "max running requests must be >= 1, got 0"),
+        (["--acceptance", "{missing}"], "no such file, nor one of qwen2.5-coder-1.5b+0.5b"),
+        (["--acceptance", "{broken}"], "bad acceptance model"),
+        (["--experiment", "trace"], "--experiment trace needs --trace PATH"),
+        (["--experiment", "trace", "--trace", "{missing}"], "no such trace file"),
+        (["--experiment", "trace", "--trace", "{broken}"], "line 1: invalid JSON"),
+        (["--experiment", "trace", "--trace", "{csv}"], "cannot tell the trace format"),
+        (["--experiment", "trace", "--trace", "{csv}", "--trace-format", "azure"], "missing column"),
+    ],
+)
+def test_bad_inputs_are_one_usage_error_line_before_anything_runs(tmp_path, capsys, argv, message):
+    files = {"missing": tmp_path / "missing.json", "broken": tmp_path / "broken.json",
+             "csv": tmp_path / "trace.csv"}  # fmt: skip
+    files["broken"].write_text('{"x": 1')
+    files["csv"].write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args([arg.format(**files) for arg in argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
 def test_sweep_prints_table_writes_json_and_ends_with_the_ratio(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     assert main(SMALL + ["--out", str(tmp_path)]) == 0
