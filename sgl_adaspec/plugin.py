@@ -7,6 +7,7 @@ its own module: flags in `cli`, the CPU enablement in `platform.cpu`.
 from __future__ import annotations
 
 import logging
+import operator
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,11 @@ def _check_prompt_ids(_result, manager, obj, input_ids, *args, **kwargs) -> None
         raise ValueError("the prompt is empty: it has no tokens to prefill")
     vocab_size = manager.model_config.vocab_size
     for token in input_ids:
-        if not isinstance(token, int) or not 0 <= token < vocab_size:
+        try:  # numpy's and torch's integers too (sglang.Engine callers)
+            in_vocabulary = 0 <= operator.index(token) < vocab_size
+        except TypeError:
+            in_vocabulary = False
+        if not in_vocabulary:
             raise ValueError(
                 f"input_ids contains {token!r}, not a token id of the model's vocabulary "
                 f"[0, {vocab_size})"

@@ -44,7 +44,10 @@ def test_rates_that_are_not_numbers_are_a_usage_error_naming_them(capsys):
         (["--experiment", "trace", "--trace", "{missing}"], "no such trace file"),
         (["--experiment", "trace", "--trace", "{broken}"], "line 1: invalid JSON"),
         (["--experiment", "trace", "--trace", "{csv}"], "cannot tell the trace format"),
-        (["--experiment", "trace", "--trace", "{csv}", "--trace-format", "azure"], "missing column"),
+        (
+            ["--experiment", "trace", "--trace", "{csv}", "--trace-format", "azure"],
+            "missing column",
+        ),
     ],
 )
 def test_bad_inputs_are_one_usage_error_line_before_anything_runs(tmp_path, capsys, argv, message):
