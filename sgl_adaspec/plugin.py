@@ -57,8 +57,11 @@ def _check_prompt_ids(_result, manager, obj, input_ids, *args, **kwargs) -> None
     """AFTER hook on `TokenizerManager._validate_one_request`: a prompt of no tokens (text that
     tokenizes to nothing, on a tokenizer without a BOS token) and a token id outside the target's
     vocabulary are refused as the request's error (HTTP 400). SGLang 0.5.23 checks lengths there
-    but neither of these, and both reach the model's forward and take the scheduler down."""
-    if input_ids is None or getattr(obj, "input_embeds", None) is not None:
+    but neither of these, and both reach the model's forward and take the scheduler down.
+    Requests with embeddings or multimodal data are left to SGLang: their ids may hold a
+    processor's placeholders."""
+    fields = ("input_embeds", "image_data", "video_data", "audio_data")
+    if input_ids is None or any(getattr(obj, name, None) is not None for name in fields):
         return
     if len(input_ids) == 0:
         raise ValueError("the prompt is empty: it has no tokens to prefill")

@@ -13,7 +13,7 @@ import torch
 from sgl_adaspec.plugin import _check_prompt_ids
 
 MANAGER = SimpleNamespace(model_config=SimpleNamespace(vocab_size=10))
-REQUEST = SimpleNamespace(input_embeds=None)
+REQUEST = SimpleNamespace(input_embeds=None, image_data=None, video_data=None, audio_data=None)
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,14 @@ def test_ids_outside_the_vocabulary_are_refused_by_value(ids, shown):
     assert f"input_ids contains {shown}," in str(err.value)
 
 
-def test_a_prompt_of_no_tokens_is_refused_unless_embeddings_stand_in():
+def test_a_prompt_of_no_tokens_is_refused():
     with pytest.raises(ValueError, match="the prompt is empty"):
         _check_prompt_ids(None, MANAGER, REQUEST, [])
-    _check_prompt_ids(None, MANAGER, SimpleNamespace(input_embeds=[[0.0]]), [])
+
+
+@pytest.mark.parametrize("field", ["input_embeds", "image_data", "video_data", "audio_data"])
+def test_requests_with_embeddings_or_media_are_left_to_sglang(field):
+    """A multimodal processor's ids may hold placeholders outside the text vocabulary."""
+    request = SimpleNamespace(**{**vars(REQUEST), field: ["x"]})
+    _check_prompt_ids(None, MANAGER, request, [])
+    _check_prompt_ids(None, MANAGER, request, [1, 10**6])
