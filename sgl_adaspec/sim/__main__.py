@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from sgl_adaspec.bench.traces import TRACE_FORMATS
+from sgl_adaspec.bench.traces import TRACE_FORMATS, load_trace
 from sgl_adaspec.flags import comma_floats
-from sgl_adaspec.sim.acceptance import DEFAULT, NAMED
+from sgl_adaspec.sim.acceptance import DEFAULT, NAMED, resolve
 from sgl_adaspec.sim.experiments import SweepConfig, rps_sweep_main
 from sgl_adaspec.sim.latency import PRESETS
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES
@@ -84,9 +84,6 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
 def _check_inputs(experiment: str, config: SweepConfig) -> None:
     """The acceptance model and the trace read before anything runs, so a missing or malformed
     file is one error line rather than a traceback minutes in."""
-    from sgl_adaspec.bench.traces import load_trace
-    from sgl_adaspec.sim.acceptance import resolve
-
     resolve(config.acceptance)
     if experiment == "trace":
         load_trace(Path(config.trace), config.trace_format)
