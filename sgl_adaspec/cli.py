@@ -69,6 +69,35 @@ def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
     check_steps = getattr(config.policy_config, "check_steps", None)
     if steps is not None and check_steps is not None:
         check_steps(steps)  # the policy's own flags against the draft's depth
+    if spec.needs_speculation:
+        check_draft_shape_flags(server_args)
+
+
+# The draft's search: SGLang 0.5.23 chooses all three for the draft model, or takes all three.
+DRAFT_SHAPE_FLAGS = {
+    "speculative_num_steps": "--speculative-num-steps",
+    "speculative_eagle_topk": "--speculative-eagle-topk",
+    "speculative_num_draft_tokens": "--speculative-num-draft-tokens",
+}
+
+
+def check_draft_shape_flags(server_args: Any) -> None:
+    """Some but not all of the draft's shape flags: SGLang 0.5.23 fails on that later with a
+    traceback (an assertion or a comparison with None), after the launcher has started."""
+    if getattr(server_args, "speculative_adaptive", False):
+        return  # SGLang's adaptive steps choose the shape themselves
+    given = {
+        option: value
+        for name, option in DRAFT_SHAPE_FLAGS.items()
+        if (value := getattr(server_args, name, None)) is not None
+    }
+    if 0 < len(given) < len(DRAFT_SHAPE_FLAGS):
+        missing = [option for option in DRAFT_SHAPE_FLAGS.values() if option not in given]
+        shown = ", ".join(f"{option} {value}" for option, value in given.items())
+        raise ConfigError(
+            f"got {shown} without {' and '.join(missing)}: give all three of the draft's "
+            f"shape flags, or none and SGLang chooses them for the draft model"
+        )
 
 
 def check_slo_dispatch(config: AdaspecConfig, server_args: Any) -> None:

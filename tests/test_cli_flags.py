@@ -45,6 +45,11 @@ BAD_FLAGS = [
             ["--spec-policy", "adaserve", "--speculative-algorithm", "NGRAM"],
             "needs --speculative-algorithm one of EAGLE, EAGLE3, STANDALONE (got NGRAM)",
         ),
+        (
+            [*EAGLE_TREE, "--spec-policy", "adaserve", "--speculative-num-steps", "3"],
+            "got --speculative-num-steps 3 without --speculative-eagle-topk and "
+            "--speculative-num-draft-tokens",
+        ),
         (["--spec-policy", "dropin", "--dropin-variant", "lru"], "--dropin-variant must be one of"),
         (["--spec-policy", "faser", "--faser-early-exit", "often"], "--faser-early-exit must be one of"),
         (["--spec-policy", "tetris", "--faser-early-exit"], "--faser-early-exit is part of --spec-policy faser"),

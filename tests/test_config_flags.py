@@ -137,6 +137,36 @@ def test_another_policys_flag_at_its_default_is_accepted():
     assert AdaspecConfig.of(spec_policy="adaserve", tetris_extra=1).spec_policy == "adaserve"
 
 
+
+@pytest.mark.parametrize(
+    ("given", "missing"),
+    [
+        ({"speculative_num_steps": 3},
+         "without --speculative-eagle-topk and --speculative-num-draft-tokens"),
+        ({"speculative_num_steps": 3, "speculative_eagle_topk": 4},
+         "without --speculative-num-draft-tokens"),
+        ({"speculative_num_draft_tokens": 8}, "--speculative-num-steps and --speculative-eagle"),
+    ],
+)  # fmt: skip
+def test_some_but_not_all_draft_shape_flags_are_refused(given, missing):
+    # SGLang 0.5.23 takes all three or chooses all three; a subset fails later in a traceback.
+    config = AdaspecConfig.from_mapping({"spec_policy": "adaserve"})
+    server_args = SimpleNamespace(speculative_algorithm="EAGLE", **given)
+    with pytest.raises(ConfigError, match=missing):
+        cli.check_compatible(config, server_args)
+    server_args.speculative_adaptive = True  # SGLang's adaptive steps choose the shape
+    cli.check_compatible(config, server_args)
+    for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
+        setattr(server_args, name, None)
+    server_args.speculative_adaptive = False
+    cli.check_compatible(config, server_args)  # none given: SGLang chooses them
+    server_args.speculative_num_steps = 3
+    server_args.speculative_eagle_topk = 2
+    server_args.speculative_num_draft_tokens = 6
+    cli.check_compatible(config, server_args)
+    # static leaves SGLang's flags to SGLang
+    cli.check_compatible(AdaspecConfig.from_mapping({}), SimpleNamespace(**given))
+
 @pytest.mark.parametrize(
     ("values", "steps", "message"),
     [
@@ -148,7 +178,10 @@ def test_another_policys_flag_at_its_default_is_accepted():
 )  # fmt: skip
 def test_policy_flags_are_checked_against_the_draft_depth(values, steps, message):
     server_args = SimpleNamespace(
-        speculative_algorithm="EAGLE", speculative_eagle_topk=2, speculative_num_steps=steps
+        speculative_algorithm="EAGLE",
+        speculative_eagle_topk=2,
+        speculative_num_steps=steps,
+        speculative_num_draft_tokens=8,
     )
     config = AdaspecConfig.from_mapping(values)
     with pytest.raises(ConfigError) as err:
