@@ -82,8 +82,9 @@ DRAFT_SHAPE_FLAGS = {
 
 
 def check_draft_shape_flags(server_args: Any) -> None:
-    """Some but not all of the draft's shape flags: SGLang 0.5.23 fails on that later with a
-    traceback (an assertion or a comparison with None), after the launcher has started."""
+    """The draft's shape flags that SGLang 0.5.23 takes and then fails on with a traceback:
+    some but not all three (at start-up), more draft tokens than the draft's beam search
+    scores (its warm-up), or one draft token, the root alone (the first request)."""
     if getattr(server_args, "speculative_adaptive", False):
         return  # SGLang's adaptive steps choose the shape themselves
     given = {
@@ -97,6 +98,17 @@ def check_draft_shape_flags(server_args: Any) -> None:
         raise ConfigError(
             f"got {shown} without {' and '.join(missing)}: give all three of the draft's "
             f"shape flags, or none and SGLang chooses them for the draft model"
+        )
+    if len(given) < len(DRAFT_SHAPE_FLAGS):
+        return
+    steps, topk, tokens = given.values()
+    # The root, and the best of the topk + (steps - 1) * topk^2 nodes the beam search scores.
+    most = 1 + topk + (steps - 1) * topk * topk
+    if steps >= 1 and topk >= 1 and not 2 <= tokens <= most:
+        raise ConfigError(
+            f"--speculative-num-draft-tokens must be 2 to {most} with --speculative-num-steps "
+            f"{steps} and --speculative-eagle-topk {topk} (the root and the draft's best "
+            f"scored nodes), got {tokens}"
         )
 
 

@@ -50,6 +50,11 @@ BAD_FLAGS = [
             "got --speculative-num-steps 3 without --speculative-eagle-topk and "
             "--speculative-num-draft-tokens",
         ),
+        (
+            [*EAGLE_TREE, "--spec-policy", "tetris", "--speculative-num-steps", "3",
+             "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "100"],
+            "--speculative-num-draft-tokens must be 2 to 11",
+        ),  # fmt: skip
         (["--spec-policy", "dropin", "--dropin-variant", "lru"], "--dropin-variant must be one of"),
         (["--spec-policy", "faser", "--faser-early-exit", "often"], "--faser-early-exit must be one of"),
         (["--spec-policy", "tetris", "--faser-early-exit"], "--faser-early-exit is part of --spec-policy faser"),

@@ -164,6 +164,13 @@ def test_some_but_not_all_draft_shape_flags_are_refused(given, missing):
     server_args.speculative_eagle_topk = 2
     server_args.speculative_num_draft_tokens = 6
     cli.check_compatible(config, server_args)
+    for tokens, ok in ((1, False), (2, True), (11, True), (12, False)):
+        server_args.speculative_num_draft_tokens = tokens  # 3 steps of width 2 score 10 nodes
+        if ok:
+            cli.check_compatible(config, server_args)
+        else:
+            with pytest.raises(ConfigError, match=f"must be 2 to 11 .*got {tokens}"):
+                cli.check_compatible(config, server_args)
     # static leaves SGLang's flags to SGLang
     cli.check_compatible(AdaspecConfig.from_mapping({}), SimpleNamespace(**given))
 
