@@ -13,7 +13,7 @@ cost of a 49-layer model, where the target's forward outweighs that work, as a l
 does). `--warmup` rounds (default 1) run first and are not counted; adaserve's TPOT over no
 speculation's in them (a fresh server's) is printed apart. At each load n, n built-in prompts
 are streamed at once with mixed classes (coding, chat, summarization in turn); each request
-carries its TPOT SLO in ms, resolved from the classes of `configs/slo_classes.yaml` with the
+carries its TPOT SLO in ms, resolved from the classes of `sgl_adaspec/data/slo_classes.yaml` with the
 baseline = no speculation's median TPOT at that load, measured first in the same run (absolute
 classes below the baseline are out of reach and left out of the attainment). Per configuration
 and load: median TPOT over all requests of `--repeats` rounds, each with at least as many

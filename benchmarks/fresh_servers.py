@@ -6,7 +6,7 @@ Each of K fresh adaserve servers (EAGLE steps 4, topk 2, 8 draft tokens, as in
 `cost_aware.py`) on the tiny bigram pair (its draft is always right) is driven as
 `cost_aware.py` drives one in its warm-up round: 3 batches each at 1, 4 and 8 concurrent
 requests of `--tokens` tokens, classes coding / chat / summarization in turn, with the TPOT SLOs
-of `configs/slo_classes.yaml` against no speculation's median TPOT at that load (measured
+of `sgl_adaspec/data/slo_classes.yaml` against no speculation's median TPOT at that load (measured
 first on one server without speculation). Per server: its speculative and plain iterations,
 why each speculative one ran, the wall times of its first speculative iterations (the first
 pays one-off set-up: `Outcome.warm_up`) and its median TPOT per load. A server that ran more

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from sgl_adaspec.scheduler.cost_model import knee_budget
-from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
+from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 from sgl_adaspec.sim.acceptance import DEFAULT
 from sgl_adaspec.sim.engine import EngineConfig, simulate
 from sgl_adaspec.sim.latency import get_preset
@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=50, help="speculative iterations left out")
     args = parser.parse_args()
     latency = get_preset(args.preset)
-    slo_config = load_slo_config(REPO_SLO_CONFIG)
+    slo_config = load_slo_config(DEFAULT_SLO_CONFIG)
     baseline = latency.baseline_tpot_ms
     budget = knee_budget(latency.verify_profile())
     workload = poisson_workload(args.rate, args.requests, slo_config, baseline, args.seed)

@@ -79,7 +79,7 @@ class AdaspecConfig:
     slo_config: str | None = flag(
         None,
         "YAML file of TPOT SLO classes that requests name with custom_params.slo_class "
-        "(default: the repository's configs/slo_classes.yaml).",
+        "(default: the package's sgl_adaspec/data/slo_classes.yaml).",
         metavar="PATH",
     )
     draft_tiers: str = flag(
@@ -172,9 +172,9 @@ class AdaspecConfig:
 
     @property
     def slo_config_path(self) -> Path:
-        from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG
+        from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG
 
-        return Path(self.slo_config) if self.slo_config else REPO_SLO_CONFIG
+        return Path(self.slo_config) if self.slo_config else DEFAULT_SLO_CONFIG
 
     def load_slo_config(self):
         """The SLO classes (parsed once per process); ConfigError names file and line."""

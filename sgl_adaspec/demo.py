@@ -8,7 +8,7 @@ draft (`models/smollm2-135m-eagle/`), or with `--tiny` the tiny random test mode
 two real SGLang servers on 127.0.0.1 (CPU) side by side, each sleeping when idle: one without
 speculation and one with adaserve. After a warm-up batch on each it alternates: the baseline
 TPOT without speculation at the demo's load (every class's prompt, concurrently), then one
-request per SLO class of `configs/slo_classes.yaml` to adaserve, concurrently, each carrying
+request per SLO class of `sgl_adaspec/data/slo_classes.yaml` to adaserve, concurrently, each carrying
 its SLO in `custom_params`; three rounds, and the baseline once more at the end. The host's
 speed drifts by 20 % within a minute here, so no single measurement decides: the baseline is
 the median of its four measurements, which bracket adaserve's, a class's SLO is set from it
@@ -38,12 +38,12 @@ import yaml
 from sgl_adaspec.models.smollm2 import prepare_smollm2
 from sgl_adaspec.local_server.client import stream_generate
 from sgl_adaspec.models.tiny import ensure_models
+from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG
 from sgl_adaspec.speculative.metrics import verified_per_iteration
 from sgl_adaspec.local_server.launch import Server, eagle_flags
 
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2_DRAFT = REPO / "models" / "smollm2-135m-eagle"
-SLO_CONFIG = REPO / "configs" / "slo_classes.yaml"
 PROMPTS = {
     "coding": "def merge_sorted(a, b):",
     "chat": "How do I read a file line by line?",
@@ -110,7 +110,7 @@ def attainment_lines(results: list[ClassResult]) -> list[str]:
 
 
 def class_slos_ms(baseline_tpot_ms: float) -> dict[str, float]:
-    classes = yaml.safe_load(SLO_CONFIG.read_text())["classes"]
+    classes = yaml.safe_load(DEFAULT_SLO_CONFIG.read_text())["classes"]
     return {
         name: spec["tpot_ms"] if "tpot_ms" in spec else spec["baseline_multiple"] * baseline_tpot_ms
         for name, spec in classes.items()

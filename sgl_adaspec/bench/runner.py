@@ -36,7 +36,7 @@ from sgl_adaspec.bench.server_probe import (
     warm_up,
 )
 from sgl_adaspec.bench.workloads import Workload, WorkloadSpec, build_workload
-from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
+from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 from sgl_adaspec.local_server.launch import CPU_FLAGS, Server
 
 RunStatus = Literal["ok", "unavailable", "failed"]
@@ -71,7 +71,7 @@ class BenchConfig:
     external: tuple[tuple[str, str], ...] = ()  # (label, url) of running servers
     servers: ServerSettings = ServerSettings()
     request_rates_per_s: tuple[float, ...] = ()  # empty: the trace's own rate
-    slo_config_path: Path = REPO_SLO_CONFIG
+    slo_config_path: Path = DEFAULT_SLO_CONFIG
     slo_scale: float = 1.0
     baseline_tpot_ms: float | None = None  # None: measured when a class is relative to it
     baseline_url: str | None = None  # a running server without speculation to measure it on

@@ -6,7 +6,7 @@ optionally cut to the first N requests, and rescaled to a target request rate. S
 * AdaServe traces carry theirs (``slo_ratio``); the class is the SLO config's class with the same
   target (``custom`` otherwise).
 * Otherwise, and whenever a class mix is given, each request draws a class of the SLO config
-  (``configs/slo_classes.yaml``) with the mix's weights (default: equal weights).
+  (``sgl_adaspec/data/slo_classes.yaml``) with the mix's weights (default: equal weights).
 
 A class relative to the baseline TPOT stays relative here (`RequestSlo.baseline_multiple`); the
 replay resolves it once the baseline is known (`replay.SloSettings`).

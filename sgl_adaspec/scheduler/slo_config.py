@@ -1,4 +1,4 @@
-"""SLO classes: named TPOT targets loaded from YAML (`configs/slo_classes.yaml`, `--slo-config`).
+"""SLO classes: named TPOT targets loaded from YAML (`sgl_adaspec/data/slo_classes.yaml`, `--slo-config`).
 
 A class states its TPOT SLO either absolutely (`tpot_ms`) or as a multiple of the measured
 baseline TPOT without speculation (`baseline_multiple`). `default` names the class of requests
@@ -18,7 +18,8 @@ from sgl_adaspec.flags import ConfigError
 BEST_EFFORT = "best_effort"
 # A TPOT above this is not a latency objective (one token per minute): a typo, most likely.
 MAX_TPOT_MS = 60_000.0
-REPO_SLO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "slo_classes.yaml"
+# Shipped in the package: a plain (non-editable) install has no repository beside it.
+DEFAULT_SLO_CONFIG = Path(__file__).resolve().parents[1] / "data" / "slo_classes.yaml"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from sgl_adaspec.scheduler.cost_model import knee_budget
-from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
+from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 from sgl_adaspec.sim.acceptance import resolve as resolve_acceptance
 from sgl_adaspec.sim.engine import EngineConfig, SimResult, simulate
 from sgl_adaspec.sim.latency import get_preset
@@ -152,7 +152,7 @@ class SweepSetup:
             config,
             latency,
             resolve_acceptance(config.acceptance),
-            load_slo_config(REPO_SLO_CONFIG),
+            load_slo_config(DEFAULT_SLO_CONFIG),
             knee_budget(latency.verify_profile()),
             latency.baseline_tpot_ms,
             EngineConfig(

@@ -28,14 +28,14 @@ from sgl_adaspec.bench.workloads import (
     rescale_arrivals,
     slo_from_ratio,
 )
-from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
+from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 @pytest.fixture(scope="module")
 def slo_config():
-    return load_slo_config(REPO_SLO_CONFIG)
+    return load_slo_config(DEFAULT_SLO_CONFIG)
 
 
 class CharTokenizer:

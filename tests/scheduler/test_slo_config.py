@@ -7,14 +7,14 @@ import pytest
 from sgl_adaspec.config import ConfigError
 from sgl_adaspec.scheduler.slo_config import (
     BEST_EFFORT,
-    REPO_SLO_CONFIG,
+    DEFAULT_SLO_CONFIG,
     SloClass,
     load_slo_config,
 )
 
 
 def test_shipped_config_has_the_papers_three_classes():
-    config = load_slo_config(REPO_SLO_CONFIG)
+    config = load_slo_config(DEFAULT_SLO_CONFIG)
     assert config.classes == {
         "coding": SloClass("coding", baseline_multiple=1.2),
         "chat": SloClass("chat", tpot_ms=50),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sgl_adaspec.scheduler.cost_model import knee_budget
-from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
+from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 from sgl_adaspec.sim.acceptance import SYNTHETIC_DEFAULT, zero_acceptance
 from sgl_adaspec.sim.acceptance import resolve as resolve_acceptance
 from sgl_adaspec.sim.engine import EngineConfig, simulate
@@ -38,7 +38,7 @@ def _run(preset, workload, policy, acceptance=SYNTHETIC_DEFAULT, seed=0, **engin
 
 def _workload(preset, rate, num_requests, seed=0):
     latency = get_preset(preset)
-    slo = load_slo_config(REPO_SLO_CONFIG)
+    slo = load_slo_config(DEFAULT_SLO_CONFIG)
     return poisson_workload(rate, num_requests, slo, latency.baseline_tpot_ms, seed)
 
 

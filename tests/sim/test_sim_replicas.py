@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sgl_adaspec.scheduler.cost_model import knee_budget
-from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
+from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 from sgl_adaspec.sim.acceptance import SYNTHETIC_DEFAULT
 from sgl_adaspec.sim.engine import EngineConfig, Instance, SimResult, simulate, simulate_replicas
 from sgl_adaspec.sim.latency import get_preset
@@ -21,7 +21,7 @@ PRESET = "h100-llama8b"
 
 def setup(rate, num_requests, seed=0):
     latency = get_preset(PRESET)
-    slo = load_slo_config(REPO_SLO_CONFIG)
+    slo = load_slo_config(DEFAULT_SLO_CONFIG)
     workload = poisson_workload(rate, num_requests, slo, latency.baseline_tpot_ms, seed)
     budget = knee_budget(latency.verify_profile())
     return latency, workload, lambda name: make_policy(name, budget, latency.baseline_tpot_ms)

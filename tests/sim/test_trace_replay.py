@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from sgl_adaspec.bench.traces import TraceRow
-from sgl_adaspec.scheduler.slo_config import REPO_SLO_CONFIG, load_slo_config
+from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 from sgl_adaspec.sim import __main__ as sim_cli
 from sgl_adaspec.sim.trace_replay import mean_rate_rps, trace_workload
 from sgl_adaspec.sim.workload import DEFAULT_CLASSES
 
-SLO_CONFIG = load_slo_config(REPO_SLO_CONFIG)
+SLO_CONFIG = load_slo_config(DEFAULT_SLO_CONFIG)
 BASELINE_MS = 40.0
 
 

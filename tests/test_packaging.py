@@ -1,0 +1,87 @@
+"""The plugin as a plain (non-editable) `pip install` leaves it: the wheel alone, no repository.
+
+Until 2026-12-04 the default SLO classes were read from the repository's `configs/`, so a
+plain install ended every `sglang.launch_server` (with or without `--spec-policy`) with
+"cannot read SLO config". Here the wheel is built from a copy of the sources, unpacked, and put
+first on the path, and SGLang parses a launch with the plugin loaded from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The launch the README shows, parsed as `python -m sglang.launch_server` parses it (plugins
+# first); what the plugin then holds.
+PARSE = """
+import json, sys
+import sgl_adaspec
+from sglang.srt.plugins import load_plugins
+from sglang.srt.server_args import prepare_server_args
+from sgl_adaspec.config import AdaspecConfig
+load_plugins()
+prepare_server_args(sys.argv[1:])
+config = AdaspecConfig.from_env()
+print(json.dumps({"package": sgl_adaspec.__file__, "policy": config.spec_policy,
+                  "classes": sorted(config.load_slo_config().classes)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def unpacked_wheel(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(
+        REPO / "sgl_adaspec", source / "sgl_adaspec",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )  # fmt: skip
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "-q", "-w", str(root / "dist"), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (root / "dist").glob("sgl_adaspec-*.whl")
+    site = root / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    return site
+
+
+def test_the_wheel_holds_the_data_the_plugin_reads_at_run_time(unpacked_wheel):
+    data = unpacked_wheel / "sgl_adaspec"
+    assert (data / "data" / "slo_classes.yaml").is_file()
+    assert (data / "data" / "spec_bench_questions.jsonl").is_file()
+    assert list((data / "sim" / "data").glob("*.json"))
+    entry_points = next(unpacked_wheel.glob("sgl_adaspec-*.dist-info")) / "entry_points.txt"
+    assert "sgl_adaspec = sgl_adaspec.plugin:register" in entry_points.read_text()
+
+
+def test_a_plain_install_launches_with_its_default_slo_classes(unpacked_wheel, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(unpacked_wheel)}
+    env.pop("ADASPEC_CONFIG", None)
+    argv = [
+        "--model-path", "/nonexistent/model", "--speculative-algorithm", "EAGLE",
+        "--speculative-draft-model-path", "/nonexistent/draft", "--spec-policy", "adaserve",
+    ]  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", PARSE, *argv],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    parsed = json.loads(result.stdout.splitlines()[-1])
+    assert Path(parsed["package"]).is_relative_to(unpacked_wheel)  # not the checkout's copy
+    assert parsed["policy"] == "adaserve"
+    assert parsed["classes"] == ["chat", "coding", "summarization"]
