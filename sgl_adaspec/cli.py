@@ -31,13 +31,27 @@ def add_cli_args(_result: Any, parser: argparse.ArgumentParser) -> None:
         add_flags(group, config_class, name)
 
 
-def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
-    """The plugin's flags off SGLang's parsed namespace (absent ones keep their defaults)."""
+def flag_names() -> set[str]:
+    """Every plugin flag's argparse destination (`spec_policy`, `tetris_extra`)."""
     names = {f.name for f in flag_fields(AdaspecConfig)}
     for name, config_class in _policy_config_classes():
         names.update(dest(name, f.name) for f in flag_fields(config_class))
+    return names
+
+
+def config_from_namespace(args: argparse.Namespace) -> AdaspecConfig:
+    """The plugin's flags off SGLang's parsed namespace (absent ones keep their defaults)."""
     values = vars(args)
-    return AdaspecConfig.from_mapping({key: values[key] for key in names if key in values})
+    return AdaspecConfig.from_mapping({key: values[key] for key in flag_names() if key in values})
+
+
+def adopt(config: AdaspecConfig, server_args: Any) -> None:
+    """Check `config` against SGLang's flags, read its SLO classes, and publish it to the child
+    processes SGLang starts next (raises ConfigError)."""
+    check_compatible(config, server_args)
+    config.load_slo_config()
+    config.export()
+    prepare_state_dir(config)
 
 
 def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
@@ -142,11 +156,8 @@ def from_cli_args(original, cls, args: argparse.Namespace):
     try:
         config = config_from_namespace(args)
         server_args = original(cls, args)
-        check_compatible(config, server_args)
-        config.load_slo_config()
+        adopt(config, server_args)
     except ConfigError as exc:
         print(f"sgl_adaspec: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_BAD_FLAGS)
-    config.export()
-    prepare_state_dir(config)
     return server_args

@@ -1,0 +1,32 @@
+"""`sglang.Engine` (SGLang's in-process API) with the plugin's flags as keyword arguments.
+
+    from sgl_adaspec.engine import Engine
+    engine = Engine(model_path=M, speculative_algorithm="EAGLE", speculative_draft_model_path=D,
+                    spec_policy="adaserve", slo_config="classes.yaml")
+    engine.generate(prompt, {"max_new_tokens": 64, "custom_params": {"tpot_slo_ms": 40}})
+
+`sglang.Engine` builds its `ServerArgs` from its keyword arguments, which know no plugin flag
+(`spec_policy=` is a TypeError there), so a policy could not be chosen in-process. Each plugin
+flag is the keyword of its command-line destination (`--spec-policy` -> `spec_policy`,
+`--tetris-extra` -> `tetris_extra`); they are checked as the launcher checks them (ConfigError,
+a ValueError, naming the problem) and published to the processes the engine starts.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from sglang.srt.entrypoints.engine import Engine as SglangEngine
+
+from sgl_adaspec import cli
+from sgl_adaspec.config import AdaspecConfig
+
+
+class Engine(SglangEngine):
+    def __init__(self, **kwargs) -> None:
+        names = cli.flag_names()
+        plugin = {key: kwargs.pop(key) for key in list(kwargs) if key in names}
+        config = AdaspecConfig.from_mapping(plugin)
+        # SGLang's flags as given, unresolved, as the launcher's check sees them.
+        cli.adopt(config, kwargs.get("server_args") or SimpleNamespace(**kwargs))
+        super().__init__(**kwargs)
