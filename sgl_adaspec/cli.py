@@ -96,9 +96,10 @@ DRAFT_SHAPE_FLAGS = {
 
 
 def check_draft_shape_flags(server_args: Any) -> None:
-    """The draft's shape flags that SGLang 0.5.23 takes and then fails on with a traceback:
-    some but not all three (at start-up), more draft tokens than the draft's beam search
-    scores (its warm-up), or one draft token, the root alone (the first request)."""
+    """Refuses some but not all three of the draft's shape flags, and a number of draft tokens
+    outside 2 .. 1 + topk + (steps - 1) topk^2. SGLang 0.5.23 takes each and fails later with a
+    traceback: the first at start-up, more draft tokens than its beam search scores at its
+    warm-up, one draft token (the root alone) on the first request."""
     if getattr(server_args, "speculative_adaptive", False):
         return  # SGLang's adaptive steps choose the shape themselves
     given = {
@@ -111,11 +112,11 @@ def check_draft_shape_flags(server_args: Any) -> None:
         shown = ", ".join(f"{option} {value}" for option, value in given.items())
         raise ConfigError(
             f"got {shown} without {' and '.join(missing)}: give all three of the draft's "
-            f"shape flags, or none and SGLang chooses them for the draft model"
+            f"shape flags (SGLang 0.5.23 takes all three or chooses all three)"
         )
     if len(given) < len(DRAFT_SHAPE_FLAGS):
         return
-    steps, topk, tokens = given.values()
+    steps, topk, tokens = (getattr(server_args, name) for name in DRAFT_SHAPE_FLAGS)
     # The root, and the best of the topk + (steps - 1) * topk^2 nodes the beam search scores.
     most = 1 + topk + (steps - 1) * topk * topk
     if steps >= 1 and topk >= 1 and not 2 <= tokens <= most:
@@ -151,13 +152,49 @@ def _policy_config_classes():
             yield name, config_class
 
 
+# Whether this process parsed a command line (the launcher): a bad flag found later, at SGLang's
+# resolution, ends it with one line as well; in-process (`engine.Engine`) it is raised.
+_LAUNCHER = False
+
+
 def from_cli_args(original, cls, args: argparse.Namespace):
     """AROUND hook on the classmethod `ServerArgs.from_cli_args(args)`."""
+    global _LAUNCHER
     try:
         config = config_from_namespace(args)
         server_args = original(cls, args)
         adopt(config, server_args)
     except ConfigError as exc:
-        print(f"sgl_adaspec: error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_BAD_FLAGS)
+        _exit_bad_flags(exc)
+    _LAUNCHER = True
     return server_args
+
+
+def _exit_bad_flags(exc: ConfigError):
+    print(f"sgl_adaspec: error: {exc}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_BAD_FLAGS)
+
+
+def check_resolved_draft(_result, server_args: Any) -> None:
+    """AFTER SGLang's `handle_speculative_decoding` (the launch's flags resolved, before any model
+    loads). With no shape flag given SGLang chooses the draft's shape for the target, a chain of
+    width 1 for most architectures (3 steps, topk 1, 4 draft tokens; Llama's 5, 4, 8): the same
+    width that `check_compatible` refuses when given, which a policy would serve with silently
+    unable to select (no draft probabilities)."""
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    config = AdaspecConfig.from_env()
+    resolved = resolving_view(server_args)
+    topk = resolved.speculative_eagle_topk
+    if not get_policy_spec(config.spec_policy).needs_speculation or topk is None or topk >= 2:
+        return
+    error = ConfigError(
+        f"--spec-policy {config.spec_policy} needs --speculative-eagle-topk >= 2, and SGLang "
+        f"chose --speculative-num-steps {resolved.speculative_num_steps} "
+        f"--speculative-eagle-topk {topk} --speculative-num-draft-tokens "
+        f"{resolved.speculative_num_draft_tokens} for this target; give the three, e.g. "
+        f"--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8"
+    )
+    if _LAUNCHER:
+        _exit_bad_flags(error)
+    raise error

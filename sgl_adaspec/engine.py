@@ -10,23 +10,33 @@
 flag is the keyword of its command-line destination (`--spec-policy` -> `spec_policy`,
 `--tetris-extra` -> `tetris_extra`); they are checked as the launcher checks them (ConfigError,
 a ValueError, naming the problem) and published to the processes the engine starts.
+
+The plugin's config is one per process, as a launcher's is: an environment variable that the
+engine's processes inherit and that request validation in this process reads, so the last
+engine's holds. With `server_args=` and no plugin keyword, the config published when those
+server args were parsed (`prepare_server_args`) stands.
 """
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 from sglang.srt.entrypoints.engine import Engine as SglangEngine
 
 from sgl_adaspec import cli
 from sgl_adaspec.config import AdaspecConfig
+from sgl_adaspec.scheduler.dp_adapter import STATE_DIR_ENV
 
 
 class Engine(SglangEngine):
     def __init__(self, **kwargs) -> None:
         names = cli.flag_names()
         plugin = {key: kwargs.pop(key) for key in list(kwargs) if key in names}
-        config = AdaspecConfig.from_mapping(plugin)
-        # SGLang's flags as given, unresolved, as the launcher's check sees them.
-        cli.adopt(config, kwargs.get("server_args") or SimpleNamespace(**kwargs))
+        server_args = kwargs.get("server_args")
+        if plugin or server_args is None:
+            config = AdaspecConfig.from_mapping(plugin)
+            os.environ.pop(STATE_DIR_ENV, None)  # replicas report to this engine's own folder
+            # SGLang's flags as given, unresolved, as the launcher's check sees them.
+            cli.adopt(config, server_args or SimpleNamespace(**kwargs))
         super().__init__(**kwargs)

@@ -25,6 +25,11 @@ def register() -> None:
     HookRegistry.register(f"{server_args}.add_cli_args", cli.add_cli_args, HookType.AFTER)
     HookRegistry.register(f"{server_args}.from_cli_args", cli.from_cli_args, HookType.AROUND)
     HookRegistry.register(
+        "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding",
+        cli.check_resolved_draft,
+        HookType.AFTER,
+    )
+    HookRegistry.register(
         "sglang.srt.sampling.sampling_params.SamplingParams.verify",
         _validate_request_slo,
         HookType.AFTER,

@@ -147,8 +147,24 @@ def test_the_launcher_itself_exits_2_on_a_bad_flag():
     one_clear_line(result.returncode, result.stderr, message)
 
 
+def test_the_width_sglang_chooses_is_checked_as_a_given_one(models):
+    # No shape flag: SGLang chooses (3 steps, topk 1, 4 tokens) for a STANDALONE draft, a width
+    # the policy cannot select in; refused at SGLang's resolution, before any model loads.
+    result = launch(
+        "--model-path", str(models.target), "--speculative-algorithm", "STANDALONE",
+        "--speculative-draft-model-path", str(models.standalone_draft),
+        "--spec-policy", "adaserve", "--device", "cpu",
+    )  # fmt: skip
+    one_clear_line(
+        result.returncode, result.stderr,
+        "--spec-policy adaserve needs --speculative-eagle-topk >= 2, and SGLang chose "
+        "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
+    )  # fmt: skip
+    assert "Load weight" not in result.stderr
+
+
 def test_config_carrier_round_trip(monkeypatch):
-    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    monkeypatch.setenv(CONFIG_ENV, "")  # restored (unset) afterwards, whatever `export` sets
     assert AdaspecConfig.from_env() == AdaspecConfig()
     AdaspecConfig(spec_policy="adaserve").export()
     assert AdaspecConfig.from_env().spec_policy == "adaserve"

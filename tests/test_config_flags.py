@@ -188,7 +188,7 @@ def test_policy_flags_are_checked_against_the_draft_depth(values, steps, message
         speculative_algorithm="EAGLE",
         speculative_eagle_topk=2,
         speculative_num_steps=steps,
-        speculative_num_draft_tokens=8,
+        speculative_num_draft_tokens=4,
     )
     config = AdaspecConfig.from_mapping(values)
     with pytest.raises(ConfigError) as err:
