@@ -18,13 +18,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
+from sgl_adaspec.cli import check_compatible
+from sgl_adaspec.config import AdaspecConfig, ConfigError
 from sgl_adaspec.data import SPEC_BENCH_QUESTIONS
+from sgl_adaspec.flags import comma_floats
 from sgl_adaspec.local_server.launch import CPU_FLAGS, Server, eagle_flags
+from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = ("random-ids", "spec-bench")
@@ -50,6 +56,39 @@ class ServingBench:
     output_len: int
     slo_class: str
     out: Path
+
+    def __post_init__(self) -> None:
+        """Every input checked before a server starts (ValueError naming it): the launcher's own
+        checks of each policy against the draft's shape, the SLO class against the classes
+        the servers serve by, and local paths that must exist."""
+        for name, path in (("--model-path", self.model_path), ("--draft", self.draft)):
+            # A hub id ("org/model") is SGLang's to resolve; a local path must be there.
+            text = str(path)
+            if not Path(path).exists() and (Path(path).is_absolute() or text.startswith(".")):
+                raise ValueError(f"{name} {text}: no such folder")
+        if not self.policies:
+            raise ValueError("--policies names no policy")
+        shape = SimpleNamespace(
+            speculative_algorithm="EAGLE", speculative_num_steps=self.steps,
+            speculative_eagle_topk=self.topk, speculative_num_draft_tokens=self.draft_tokens,
+        )  # fmt: skip
+        for policy in self.policies:
+            try:
+                check_compatible(AdaspecConfig.of(spec_policy=policy), shape)
+            except ConfigError as exc:
+                raise ValueError(f"--policies {policy}: {exc}") from exc
+        for name, value in (("--num-prompts", self.num_prompts), ("--input-len", self.input_len),
+                            ("--output-len", self.output_len), ("--spec-steps", self.steps)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not self.rates or not all(0 < rate < math.inf for rate in self.rates):
+            raise ValueError(f"--rates must be request rates > 0, got {self.rates}")
+        classes = load_slo_config(DEFAULT_SLO_CONFIG).classes
+        if self.slo_class not in classes:
+            raise ValueError(
+                f"--slo-class {self.slo_class!r} is not a class the servers serve by "
+                f"({', '.join(classes)})"
+            )
 
     def server_flags(self, policy: str) -> tuple[str, ...]:
         base = CPU_FLAGS if self.device == "cpu" else ("--device", self.device)
@@ -153,7 +192,9 @@ def parse_args(argv: list[str] | None = None) -> ServingBench:
     p.add_argument("--spec-topk", type=int, default=2)
     p.add_argument("--spec-draft-tokens", type=int, default=8)
     p.add_argument("--policies", default="adaserve", help="comma-separated --spec-policy values")
-    p.add_argument("--rates", default="0.5,2", help="comma-separated request rates (req/s)")
+    p.add_argument(
+        "--rates", type=comma_floats, default=(0.5, 2.0), help="comma-separated request rates"
+    )
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--input-len", type=int, default=128, help="random-ids prompt tokens")
     p.add_argument("--output-len", type=int, default=32)
@@ -164,14 +205,16 @@ def parse_args(argv: list[str] | None = None) -> ServingBench:
         from sgl_adaspec.models.smollm2 import prepare_smollm2
 
         args.model_path = prepare_smollm2()
-    return ServingBench(
-        model_path=args.model_path, draft=args.draft, device=args.device,
-        steps=args.spec_steps, topk=args.spec_topk, draft_tokens=args.spec_draft_tokens,
-        policies=tuple(p for p in args.policies.split(",") if p),
-        rates=tuple(float(r) for r in args.rates.split(",")),
-        num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
-        slo_class=args.slo_class, out=args.out,
-    )  # fmt: skip
+    try:
+        return ServingBench(
+            model_path=args.model_path, draft=args.draft, device=args.device,
+            steps=args.spec_steps, topk=args.spec_topk, draft_tokens=args.spec_draft_tokens,
+            policies=tuple(p for p in args.policies.split(",") if p), rates=args.rates,
+            num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
+            slo_class=args.slo_class, out=args.out,
+        )  # fmt: skip
+    except ValueError as exc:
+        p.error(str(exc))
 
 
 def main(argv: list[str] | None = None) -> None:
