@@ -98,6 +98,7 @@ ENGINE_REFUSES = """
 import os, sys
 from sgl_adaspec.config import ConfigError
 from sgl_adaspec.engine import Engine
+target, draft = sys.argv[1], sys.argv[2]
 for kwargs in ({"spec_policy": "fastest"}, {"spec_policy": "adaserve"},
                {"spec_policy": "tetris", "speculative_algorithm": "EAGLE",
                 "speculative_num_steps": 3}):
@@ -106,18 +107,25 @@ for kwargs in ({"spec_policy": "fastest"}, {"spec_policy": "adaserve"},
     except ConfigError as exc:
         print("REFUSED", exc)
 print("PUBLISHED", "ADASPEC_CONFIG" in os.environ)
+try:  # no shape flag: SGLang chooses a width-1 chain for a STANDALONE draft, before any load
+    Engine(model_path=target, speculative_algorithm="STANDALONE",
+           speculative_draft_model_path=draft, spec_policy="adaserve", device="cpu")
+except ConfigError as exc:
+    print("REFUSED", exc)
 """
 
 
-def test_the_plugins_engine_refuses_bad_plugin_flags_before_starting():
+def test_the_plugins_engine_refuses_bad_plugin_flags_before_starting(models):
     result = subprocess.run(
-        [sys.executable, "-c", ENGINE_REFUSES], capture_output=True, text=True, timeout=300,
-        env=without_plugin_config(),
+        [sys.executable, "-c", ENGINE_REFUSES, str(models.target), str(models.standalone_draft)],
+        capture_output=True, text=True, timeout=300, env=without_plugin_config(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     refused = [line for line in result.stdout.splitlines() if line.startswith("REFUSED")]
-    assert len(refused) == 3, result.stdout
+    assert len(refused) == 4, result.stdout
     assert "unknown --spec-policy 'fastest'" in refused[0]
     assert "--spec-policy adaserve needs --speculative-algorithm" in refused[1]
     assert "got --speculative-num-steps 3 without" in refused[2]
     assert "PUBLISHED False" in result.stdout  # nothing reached the processes it would start
+    assert "SGLang chose --speculative-num-steps 3 --speculative-eagle-topk 1" in refused[3]
+    assert "Load weight" not in result.stderr
