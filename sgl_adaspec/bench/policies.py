@@ -20,9 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
-from sgl_adaspec.speculative.policies import SHAPING_POLICIES
+from sgl_adaspec.cli import check_compatible
+from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.local_server.launch import eagle_flags
+from sgl_adaspec.speculative.policies import SHAPING_POLICIES
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,21 @@ def get_policy(name: str) -> PolicyRecipe:
         return POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose from: {', '.join(POLICIES)}") from None
+
+
+def check_shape(recipe: PolicyRecipe, shape: SpecShape) -> None:
+    """A plugin policy's recipe against the draft's shape, by the launcher's own checks, so a
+    shape its server would refuse fails before any server starts (ValueError)."""
+    if recipe.plugin_policy is None:
+        return
+    flags = SimpleNamespace(
+        speculative_algorithm="EAGLE", speculative_num_steps=shape.steps,
+        speculative_eagle_topk=shape.topk, speculative_num_draft_tokens=shape.num_draft_tokens,
+    )  # fmt: skip
+    try:
+        check_compatible(AdaspecConfig.of(spec_policy=recipe.plugin_policy), flags)
+    except ValueError as exc:
+        raise ValueError(f"policy {recipe.name}: {exc}") from None
 
 
 def is_speculative(name: str) -> bool:

@@ -23,6 +23,7 @@ from sgl_adaspec.bench.policies import (
     NO_SPECULATION,
     POLICIES,
     SpecShape,
+    check_shape,
     get_policy,
     is_speculative,
 )
@@ -88,7 +89,7 @@ class BenchConfig:
         if not self.policies and not self.external:
             raise BenchError("nothing to replay against: give policies to start or server URLs")
         for name in self.policies:
-            get_policy(name)
+            check_shape(get_policy(name), self.servers.shape)
         labels = [*self.policies, *(label for label, _ in self.external)]
         if len(set(labels)) != len(labels):
             raise BenchError(f"server labels must be unique, got {labels}")

@@ -26,6 +26,13 @@ MODELS = ServerSettings(model=Path("/m"), draft_model=Path("/d"))
         ({"policies": ("none",), "external": (("none", "http://x:1"),), "servers": MODELS},
          "labels must be unique"),
         ({"external": (("a", "http://x:1"),), "request_rates_per_s": (0.0,)}, "must be > 0"),
+        # A shape the launcher would refuse for a plugin policy (its own check), not for static.
+        ({"policies": ("static", "tetris"), "servers": ServerSettings(
+            model=Path("/m"), draft_model=Path("/d"), shape=SpecShape(3, 2, 12))},
+         "policy tetris: --speculative-num-draft-tokens must be 2 to 11"),
+        ({"policies": ("adaserve",), "servers": ServerSettings(
+            model=Path("/m"), draft_model=Path("/d"), shape=SpecShape(3, 1, 4))},
+         "policy adaserve: .*needs --speculative-eagle-topk >= 2"),
         ({"external": (("a", "http://x:1"),), "slo_scale": 2.0, "slo_field": "slo_class"},
          "slo_scale 1"),
     ],
