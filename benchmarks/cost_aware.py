@@ -13,13 +13,13 @@ cost of a 49-layer model, where the target's forward outweighs that work, as a l
 does). `--warmup` rounds (default 1) run first and are not counted; adaserve's TPOT over no
 speculation's in them (a fresh server's) is printed apart. At each load n, n built-in prompts
 are streamed at once with mixed classes (coding, chat, summarization in turn); each request
-carries its TPOT SLO in ms, resolved from the classes of `sgl_adaspec/data/slo_classes.yaml` with the
-baseline = no speculation's median TPOT at that load, measured first in the same run (absolute
-classes below the baseline are out of reach and left out of the attainment). Per configuration
-and load: median TPOT over all requests of `--repeats` rounds, each with at least as many
-requests per load as the largest load has (one request alone gives one TPOT per batch) and at
-least `--min-batches` batches per load (a batch's requests share one draw of the host's speed,
-so a load run as one batch per round rests on one sample per round), and SLO
+carries its TPOT SLO in ms, resolved from the classes of `sgl_adaspec/data/slo_classes.yaml`
+with the baseline = no speculation's median TPOT at that load, measured first in the same run
+(absolute classes below the baseline are out of reach and left out of the attainment). Per
+configuration and load: median TPOT over all requests of `--repeats` rounds, each with at least
+as many requests per load as the largest load has (one request alone gives one TPOT per batch)
+and at least `--min-batches` batches per load (a batch's requests share one draw of the host's
+speed, so a load run as one batch per round rests on one sample per round), and SLO
 attainment, then every request that missed its SLO (class, TPOT over the SLO, accept length,
 which of its iterations speculated and what they verified);
 adaserve / none is also printed as the median over rounds of each round's ratio (a

@@ -12,8 +12,8 @@ with its draft tiers (`--gpu-draft-tiers on`). Per configuration:
 - lossless: greedy outputs of 8 prompts sent at once, token for token against no speculation's;
 - captures after start-up: SGLang's graph-capture log lines after "fired up" (must be 0);
 - per load n (n requests at once, classes coding/chat/summarization in turn, each carrying its
-  TPOT SLO from `sgl_adaspec/data/slo_classes.yaml` with the baseline = no speculation's median TPOT at
-  that load): output tokens/s and per-class SLO attainment;
+  TPOT SLO from `sgl_adaspec/data/slo_classes.yaml` with the baseline = no speculation's median
+  TPOT at that load): output tokens/s and per-class SLO attainment;
 - adaserve's draft iterations per tier and how many were graph replays (`/server_info`).
 `--device cpu --pair tiny` runs the same code on the CPU recipe (a smoke test of the script:
 no graphs there). Exit status 1 when an output differs or a graph was captured after start-up.

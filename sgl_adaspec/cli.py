@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 from sgl_adaspec.config import AdaspecConfig, ConfigError
@@ -85,6 +86,16 @@ def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
         check_steps(steps)  # the policy's own flags against the draft's depth
     if spec.needs_speculation:
         check_draft_shape_flags(server_args)
+
+
+def check_policy_shape(policy: str, steps: int, topk: int, draft_tokens: int) -> None:
+    """`--spec-policy policy` with an EAGLE draft of this shape, as the launcher checks it (for
+    tools that start servers: a shape the launcher would refuse fails before any starts)."""
+    shape = SimpleNamespace(
+        speculative_algorithm="EAGLE", speculative_num_steps=steps,
+        speculative_eagle_topk=topk, speculative_num_draft_tokens=draft_tokens,
+    )  # fmt: skip
+    check_compatible(AdaspecConfig.of(spec_policy=policy), shape)
 
 
 # The draft's search: SGLang 0.5.23 chooses all three for the draft model, or takes all three.

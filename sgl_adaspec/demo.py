@@ -8,10 +8,10 @@ draft (`models/smollm2-135m-eagle/`), or with `--tiny` the tiny random test mode
 two real SGLang servers on 127.0.0.1 (CPU) side by side, each sleeping when idle: one without
 speculation and one with adaserve. After a warm-up batch on each it alternates: the baseline
 TPOT without speculation at the demo's load (every class's prompt, concurrently), then one
-request per SLO class of `sgl_adaspec/data/slo_classes.yaml` to adaserve, concurrently, each carrying
-its SLO in `custom_params`; three rounds, and the baseline once more at the end. The host's
-speed drifts by 20 % within a minute here, so no single measurement decides: the baseline is
-the median of its four measurements, which bracket adaserve's, a class's SLO is set from it
+request per SLO class of `sgl_adaspec/data/slo_classes.yaml` to adaserve, concurrently, each
+carrying its SLO in `custom_params`; three rounds, and the baseline once more at the end. The
+host's speed drifts by 20 % within a minute here, so no single measurement decides: the baseline
+is the median of its four measurements, which bracket adaserve's, a class's SLO is set from it
 (the requests carried the SLO from the baselines measured before them), and a class is met
 when its median TPOT over the rounds is within that SLO. Printed per class: SLO, TPOT,
 whether it was met, what adaserve chose (in how many iterations it speculated and how many
@@ -33,12 +33,11 @@ from pathlib import Path
 from statistics import median
 
 import requests
-import yaml
 
 from sgl_adaspec.models.smollm2 import prepare_smollm2
 from sgl_adaspec.local_server.client import stream_generate
 from sgl_adaspec.models.tiny import ensure_models
-from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG
+from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 from sgl_adaspec.speculative.metrics import verified_per_iteration
 from sgl_adaspec.local_server.launch import Server, eagle_flags
 
@@ -110,11 +109,8 @@ def attainment_lines(results: list[ClassResult]) -> list[str]:
 
 
 def class_slos_ms(baseline_tpot_ms: float) -> dict[str, float]:
-    classes = yaml.safe_load(DEFAULT_SLO_CONFIG.read_text())["classes"]
-    return {
-        name: spec["tpot_ms"] if "tpot_ms" in spec else spec["baseline_multiple"] * baseline_tpot_ms
-        for name, spec in classes.items()
-    }
+    classes = load_slo_config(DEFAULT_SLO_CONFIG).classes
+    return {name: slo.resolve_ms(baseline_tpot_ms) for name, slo in classes.items()}
 
 
 def send(url: str, slo_class: str, tpot_slo_ms: float) -> Outcome:

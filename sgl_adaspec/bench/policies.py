@@ -20,10 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
-from sgl_adaspec.cli import check_compatible
-from sgl_adaspec.config import AdaspecConfig
+from sgl_adaspec.cli import check_policy_shape
 from sgl_adaspec.local_server.launch import eagle_flags
 from sgl_adaspec.speculative.policies import SHAPING_POLICIES
 
@@ -128,12 +126,8 @@ def check_shape(recipe: PolicyRecipe, shape: SpecShape) -> None:
     shape its server would refuse fails before any server starts (ValueError)."""
     if recipe.plugin_policy is None:
         return
-    flags = SimpleNamespace(
-        speculative_algorithm="EAGLE", speculative_num_steps=shape.steps,
-        speculative_eagle_topk=shape.topk, speculative_num_draft_tokens=shape.num_draft_tokens,
-    )  # fmt: skip
     try:
-        check_compatible(AdaspecConfig.of(spec_policy=recipe.plugin_policy), flags)
+        check_policy_shape(recipe.plugin_policy, shape.steps, shape.topk, shape.num_draft_tokens)
     except ValueError as exc:
         raise ValueError(f"policy {recipe.name}: {exc}") from None
 

@@ -23,10 +23,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
-from sgl_adaspec.cli import check_compatible
-from sgl_adaspec.config import AdaspecConfig, ConfigError
+from sgl_adaspec.cli import check_policy_shape
+from sgl_adaspec.config import ConfigError
 from sgl_adaspec.data import SPEC_BENCH_QUESTIONS
 from sgl_adaspec.flags import comma_floats
 from sgl_adaspec.local_server.launch import CPU_FLAGS, Server, eagle_flags
@@ -68,13 +67,9 @@ class ServingBench:
                 raise ValueError(f"{name} {text}: no such folder")
         if not self.policies:
             raise ValueError("--policies names no policy")
-        shape = SimpleNamespace(
-            speculative_algorithm="EAGLE", speculative_num_steps=self.steps,
-            speculative_eagle_topk=self.topk, speculative_num_draft_tokens=self.draft_tokens,
-        )  # fmt: skip
         for policy in self.policies:
             try:
-                check_compatible(AdaspecConfig.of(spec_policy=policy), shape)
+                check_policy_shape(policy, self.steps, self.topk, self.draft_tokens)
             except ConfigError as exc:
                 raise ValueError(f"--policies {policy}: {exc}") from exc
         for name, value in (("--num-prompts", self.num_prompts), ("--input-len", self.input_len),

@@ -1,4 +1,5 @@
-"""SLO classes: named TPOT targets loaded from YAML (`sgl_adaspec/data/slo_classes.yaml`, `--slo-config`).
+"""SLO classes: named TPOT targets loaded from YAML (`sgl_adaspec/data/slo_classes.yaml`,
+`--slo-config`).
 
 A class states its TPOT SLO either absolutely (`tpot_ms`) or as a multiple of the measured
 baseline TPOT without speculation (`baseline_multiple`). `default` names the class of requests

@@ -4,8 +4,8 @@ Classes follow AdaServe's evaluation (Table 2: coding copilot / chatbot / summar
 60/20/20). The length distributions are assumptions shaped after the datasets the paper samples
 (HumanEval prompts ~150 tokens, Alpaca instructions ~50, CNN/DailyMail articles ~1000; outputs a
 few hundred tokens at most); real traces and datasets are loaded by `sgl_adaspec.bench`, not here.
-TPOT SLOs come from the SLO config (`sgl_adaspec/data/slo_classes.yaml`), resolved against the latency
-model's baseline TPOT for relative classes.
+TPOT SLOs come from the SLO config (`sgl_adaspec/data/slo_classes.yaml`), resolved against the
+latency model's baseline TPOT for relative classes.
 """
 
 from __future__ import annotations
