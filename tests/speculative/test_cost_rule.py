@@ -644,6 +644,13 @@ def test_a_plan_serves_plan_reuse_iterations_while_the_models_refit():
     planned = policy._cost_plan(two)
     policy.draft_latency.seed([((1, 1), 2.0), ((4, 7), 8.0)])
     assert policy._cost_plan(two) is not planned
+    # So is a surprise: a verify larger than any held, priced far from what it took.
+    planned = policy._cost_plan(two)
+    observations = policy.verify_latency.num_observations
+    policy.verify_latency.seed([((64, 10), 5000.0)])
+    assert int(math.log2(1 + observations)) == int(math.log2(2 + observations))
+    assert policy.verify_latency.surprises == 1
+    assert policy._cost_plan(two) is not planned
 
 
 def test_a_plan_serves_a_batch_whose_groups_drift_within_batch_drift():

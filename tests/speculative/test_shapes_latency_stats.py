@@ -171,6 +171,52 @@ def test_linear_latency_refits_every_sixteenth_of_its_window():
     assert model.version == fitted + 2
 
 
+def _flat_then_linear(tokens: int) -> float:
+    """A GPU forward: flat while memory-bound (up to 200 tokens), then linear."""
+    return 40.0 + 0.2 * max(tokens - 200, 0)
+
+
+def _fitted_on_small_verifies() -> VerifyLatency:
+    model = VerifyLatency(window=256)
+    for i in range(200):  # a window of verifies under the knee, fitted
+        model.observe((40 + 5 * (i % 30), 5000), _flat_then_linear(40 + 5 * (i % 30)))
+    model.coefficients()
+    return model
+
+
+def test_a_pass_larger_than_any_seen_and_priced_wrong_refits_at_once():
+    # Verifies of 40-185 tokens price 520 at ~40 ms; it takes 104. Without the surprise the
+    # fit would stand for 12 more observations (1/16 of the 200 held).
+    model = _fitted_on_small_verifies()
+    version = model.version
+    assert model.predict((520, 5000)) == pytest.approx(40.0, rel=0.05)
+    model.observe((520, 5000), _flat_then_linear(520))
+    assert model.surprises == 1
+    assert model.predict((520, 5000)) > 60.0  # refitted with the large pass
+    assert model.version == version + 1
+
+
+def test_a_pass_within_the_tokens_seen_or_priced_right_is_no_surprise():
+    model = _fitted_on_small_verifies()
+    version = model.version
+    model.observe((100, 9000), 80.0)  # priced wrong, but no larger than the passes held
+    model.observe((190, 5000), _flat_then_linear(190))  # larger, priced right
+    model.coefficients()
+    assert (model.surprises, model.version) == (0, version)
+
+
+def test_a_surprise_is_judged_against_the_largest_pass_still_held():
+    model = LinearLatency(num_features=1, window=4)
+    for tokens in (100, 10, 10, 10):
+        model.observe((tokens,), 1.0 + tokens)
+    model.coefficients()
+    model.observe((50,), 500.0)  # judged while 100 is held: no larger; then 100 leaves
+    assert model.surprises == 0
+    model.observe((10,), 11.0)
+    model.observe((60,), 500.0)  # larger than 50, the largest held
+    assert model.surprises == 1
+
+
 def test_linear_latency_before_any_observation_is_unknown():
     assert LinearLatency(num_features=2).predict((1, 1)) is None
     with pytest.raises(ValueError, match="features"):

@@ -772,9 +772,12 @@ class AdaservePolicy(PolicyBase):
         # a ~46 ms speculative iteration at 8 requests on the tiny bigram pair (ad hoc timing,
         # 2026-11-28). The context is coarse because at 8 short prompts it grows ~10 % per
         # iteration; observation counts stand for a model's first fits (no draft cost, then one).
+        # A surprise (`LinearLatency.surprises`: a pass larger than any held, priced wrong) is
+        # news: plans made on the fit it proved wrong are not reused.
         models = (verify, self.draft_latency, self.plain_latency)
         key = (
             tuple(int(math.log2(1 + model.num_observations)) for model in models),
+            tuple(model.surprises for model in models),
             None if not plain_ms else round(20 * math.log(plain_ms)), draft_scale,
         )  # fmt: skip
         cached_plan, uses, made_for = self._plan_cache.get(key, (None, PLAN_REUSE, None))
