@@ -94,7 +94,7 @@ def _prefill_budget(running_batch, limit: int) -> int | None:
     running = [
         RunningSlo(
             tpot_slo_ms=state.slo.resolve_ms(state.stats.baseline_tpot_ms),
-            decode_elapsed_ms=1000 * (now - state.decode_start_s),
+            decode_elapsed_ms=1000 * (now - state.first_token_s),
             tokens_out=len(req.output_ids) - state.tokens_at_start,
         )
         for req, state in tracked

@@ -72,17 +72,17 @@ class IterationLog:
 
 @dataclass
 class SimResult:
-    """Per request [R] (workload order): first_token_s, decode_start_s, finish_s, committed
-    (tokens generated), finished_count (times the request finished: must be 1), draft_stale
-    (its last decode iteration ran plain), draft_blind (prefilled without the draft), tpot_ms,
-    met.
+    """Per request [R] (workload order): first_token_s (the prefill's token), finish_s,
+    committed (tokens generated), finished_count (times the request finished: must be 1),
+    draft_stale (its last decode iteration ran plain), draft_blind (prefilled without the
+    draft), tpot_ms (from the first token to the last, over the tokens after the first: a
+    client's and SGLang's TPOT, the wait for the first decode iteration included), met.
     Totals over the run: decode iterations, prefill batches, verified and accepted draft tokens,
     busy time in prefill / draft / verify / the policy's own calls where charged (ms)."""
 
     policy: str
     workload: WorkloadArrays
     first_token_s: np.ndarray
-    decode_start_s: np.ndarray
     finish_s: np.ndarray
     committed: np.ndarray
     finished_count: np.ndarray
@@ -108,7 +108,7 @@ class SimResult:
     @property
     def tpot_ms(self) -> np.ndarray:
         decoded = self.workload.output_tokens - 1
-        return 1000.0 * (self.finish_s - self.decode_start_s) / decoded
+        return 1000.0 * (self.finish_s - self.first_token_s) / decoded
 
     @property
     def met(self) -> np.ndarray:
@@ -154,7 +154,6 @@ def simulate_replicas(
         policies[0].name,
         workload,
         first_token_s=np.full(num, np.nan),
-        decode_start_s=np.full(num, np.nan),
         finish_s=np.full(num, np.nan),
         committed=np.zeros(num, dtype=np.int64),  # committed so far (prefill token included)
         finished_count=np.zeros(num, dtype=np.int64),
@@ -290,10 +289,8 @@ def _decode_iteration(
     running requests' acceptance parameters; stall_ms: the prefills they waited on since their
     last iteration; policy_time_scale: `EngineConfig`'s); returns the new clock and which
     running requests finished [n] bool."""
-    start = result.decode_start_s[running]
-    fresh = np.isnan(start)
-    result.decode_start_s[running[fresh]] = now
-    start = np.where(fresh, now, start)
+    # Each request's SLO clock runs from its first token, as on the server (`track_requests`).
+    start = result.first_token_s[running]
     slo = SloBatch(
         tpot_slo_ms=torch.from_numpy(workload.tpot_slo_ms[running]),
         decode_elapsed_ms=torch.from_numpy(1000.0 * (now - start)),

@@ -23,7 +23,7 @@ def running_req(tpot_slo_ms, decoded_ms, tokens_out, infeasible=False):
     stats = SpecStats(cost_profile=PROFILE)
     state = RequestState(
         RequestSlo("custom", tpot_slo_ms=tpot_slo_ms),
-        decode_start_s=time.perf_counter() - decoded_ms / 1000,
+        first_token_s=time.perf_counter() - decoded_ms / 1000,
         tokens_at_start=0,
         policy=SimpleNamespace(stats=stats),
         infeasible=infeasible,

@@ -27,3 +27,19 @@ def test_requests_that_did_not_run_before_a_prefill_did_not_wait_for_it():
     clock.last_decode_end_s = 1.010
     clock.interrupt()  # "a" finished; the prefill brings "b"
     assert clock.stall_ms(frozenset({"b"}), 1.050) == 0.0
+
+
+def test_a_request_s_slo_clock_starts_at_the_first_token_sglang_stamped():
+    """`first_token_s`: the end of the request's prefill as SGLang stamps it, where it did and
+    not in the future; else the first decode iteration's time (`now`)."""
+    from types import SimpleNamespace
+
+    from sgl_adaspec.speculative.sglang.request_state import first_token_s
+
+    def req(stamp):
+        return SimpleNamespace(time_stats=SimpleNamespace(prefill_finished_time=stamp))
+
+    assert first_token_s(req(100.25), now=100.5) == 100.25  # waited 250 ms for its first decode
+    assert first_token_s(req(0.0), now=100.5) == 100.5  # no stamp (prefilled on another node)
+    assert first_token_s(req(101.0), now=100.5) == 100.5  # never later than now
+    assert first_token_s(SimpleNamespace(), now=100.5) == 100.5

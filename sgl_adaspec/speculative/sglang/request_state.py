@@ -1,6 +1,7 @@
 """Per-request bookkeeping on SGLang's `Req`: the SLO clock attached at a request's first
-decode iteration (`_adaspec_state`), the batch's SLO state for the policy, the finished
-request's report to the statistics, and the verified-token counts its response carries."""
+decode iteration (`_adaspec_state`) and started at its first token, the batch's SLO state for
+the policy, the finished request's report to the statistics, and the verified-token counts its
+response carries."""
 
 from __future__ import annotations
 
@@ -15,17 +16,24 @@ from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.metrics import VERIFIED_TOKENS_KEY
 from sgl_adaspec.speculative.policies.base import PolicyBase
 from sgl_adaspec.speculative.sglang.blind_prefill import draft_blind
-from sgl_adaspec.speculative.sglang.runtime import now_s, replica_reporter, report_to_dispatcher
+from sgl_adaspec.speculative.sglang.runtime import (
+    from_perf_counter,
+    now_s,
+    replica_reporter,
+    report_to_dispatcher,
+)
 
 
 @dataclass
 class RequestState:
     """Per-request SLO bookkeeping, attached to SGLang's Req (it lives as long as the request).
     `policy` is the process's policy: the request reports itself to its statistics when it
-    finishes, and the policy forgets its per-request state."""
+    finishes, and the policy forgets its per-request state. first_token_s: when its first token
+    came (the plugin's clock); tokens_at_start: its output tokens then, so its TPOT is the time
+    since over the tokens since, as a client and SGLang's own metrics measure it."""
 
     slo: RequestSlo
-    decode_start_s: float
+    first_token_s: float
     tokens_at_start: int
     policy: PolicyBase
     reported: bool = False
@@ -38,21 +46,34 @@ class RequestState:
 
     def tpot_ms(self, tokens_out: int, now_s: float) -> float | None:
         decoded = tokens_out - self.tokens_at_start
-        return 1000 * (now_s - self.decode_start_s) / decoded if decoded > 0 else None
+        return 1000 * (now_s - self.first_token_s) / decoded if decoded > 0 else None
 
 
 def track_requests(reqs, policy: PolicyBase) -> None:
     """Attach SLO bookkeeping to requests decoding for the first time, in every decode
-    iteration, speculative or plain: a request's clock starts at its first decode iteration,
-    and one served without speculation still reports its TPOT when it finishes."""
+    iteration, speculative or plain, so one served without speculation still reports its TPOT
+    when it finishes. A request's clock starts at its first token (`first_token_s`): prefills
+    run before decode iterations, and one that waited for other requests' prefills before its
+    first decode iteration is that much behind its SLO, as its client measures it."""
     now = now_s()
     reporter = replica_reporter()
     for req in reqs:
         if getattr(req, "_adaspec_state", None) is None:
             slo = request_slo(req)
-            req._adaspec_state = RequestState(slo, now, len(req.output_ids), policy)
+            start = first_token_s(req, now)
+            req._adaspec_state = RequestState(slo, start, len(req.output_ids), policy)
             if reporter is not None:
                 reporter.track(req.rid, slo.resolve_ms(policy.baseline_tpot_ms()))
+
+
+def first_token_s(req, now: float) -> float:
+    """When `req`'s first token came on the plugin's clock: the end of its prefill as SGLang
+    stamps it (`time_stats.prefill_finished_time`, perf_counter), or `now` where SGLang left no
+    stamp (0: a request whose prefill ran on another node) or one later than `now`."""
+    stamp = getattr(getattr(req, "time_stats", None), "prefill_finished_time", 0.0)
+    if not isinstance(stamp, (int, float)) or not stamp > 0:
+        return now
+    return min(from_perf_counter(stamp), now)
 
 
 def slo_batch(reqs, policy: PolicyBase, baseline_tpot_ms: float | None) -> SloBatch:
@@ -65,7 +86,7 @@ def slo_batch(reqs, policy: PolicyBase, baseline_tpot_ms: float | None) -> SloBa
         state = req._adaspec_state
         target_ms = state.slo.resolve_ms(baseline_tpot_ms)
         tpot.append(target_ms if target_ms is not None else math.nan)
-        elapsed.append(1000 * (now - state.decode_start_s))
+        elapsed.append(1000 * (now - state.first_token_s))
         tokens.append(len(req.output_ids) - state.tokens_at_start)
     return SloBatch(
         tpot_slo_ms=torch.tensor(tpot, dtype=torch.float64),

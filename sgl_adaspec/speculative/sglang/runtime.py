@@ -243,6 +243,12 @@ def now_s() -> float:
     return _RUNTIME.clock.now() if _RUNTIME is not None else time.perf_counter()
 
 
+def from_perf_counter(perf_counter_s: float) -> float:
+    """A `time.perf_counter()` reading (SGLang's time stamps) on the plugin's clock."""
+    rate = _RUNTIME.clock.rate if _RUNTIME is not None else 1.0
+    return rate * perf_counter_s
+
+
 def tp_sync() -> TpSync:
     """This scheduler's TP group (a one-rank `TpSync` before the runtime is built)."""
     return _RUNTIME.tp_sync if _RUNTIME is not None else TpSync()
