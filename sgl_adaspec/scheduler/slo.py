@@ -3,9 +3,10 @@
 Terms (B = requests in the batch):
 - TPOT SLO t_r: the target time per output token (ms) of request r; NaN or +inf means the
   request has no SLO (best effort).
-- decoding latency l_r: ms elapsed since r's first decode step.
-- tokens out o_r: tokens r has committed in the decode iterations counted by l_r (so that
-  l_r / o_r is its TPOT so far; the token produced by prefill is not one of them).
+- decoding latency l_r: ms elapsed since r's first token (the prefill's), as a client measures
+  TPOT: a wait for r's first decode iteration counts.
+- tokens out o_r: tokens r has committed since that first token (so that l_r / o_r is its TPOT
+  so far; the token produced by prefill is not one of them).
 - t_spec: the expected latency of the coming iteration (draft + verify).
 - slack: how far ahead of its SLO track a request is, in ms (t_r * o_r - l_r; negative = late).
 

@@ -16,10 +16,11 @@ overlap scheduling):
   next draft's path probabilities are 0 and it accepts nothing (not after SGLang's own
   adaptive steps 0, which keeps the extend: `Decision.warm_draft`).
 
-SLO accounting (as the server's `speculative/sglang/`): a request's decode clock starts at the
-start of its first decode iteration; TPOT = (finish - decode start) / (output tokens - 1), the
-prefill's token excluded. It meets its SLO when TPOT <= its TPOT SLO. Queueing and prefill time
-before the first decode iteration count toward TTFT only.
+SLO accounting (as the server's `speculative/sglang/`, and as a client and SGLang measure
+TPOT): a request's clock starts at its first token, the prefill's; TPOT = (finish - first
+token) / (output tokens - 1). It meets its SLO when TPOT <= its TPOT SLO. Queueing and its own
+prefill count toward TTFT only; a wait for its first decode iteration behind other requests'
+prefills (which run first) counts toward TPOT, as every later prefill it waits on does.
 """
 
 from __future__ import annotations

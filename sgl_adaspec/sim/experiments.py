@@ -2,9 +2,9 @@
 attainment and goodput vs request rate, classes coding / chat / summarization mixed 60/20/20)
 for no speculation, SGLang's static tree, SGLang-style adaptive steps and adaserve.
 
-Metrics (AdaServe 6.1): attainment = share of requests whose mean TPOT <= their SLO; goodput =
-output tokens of the requests that met their SLO / makespan (first arrival to last finish), in
-tokens per second.
+Metrics (AdaServe 6.1): attainment = share of requests whose mean TPOT (from the first token, as
+clients measure it) <= their SLO; goodput = output tokens of the requests that met their SLO /
+makespan (first arrival to last finish), in tokens per second.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def instance(latency, workload, policy, running=(), waiting=()):
     inst = Instance(
         workload, latency, SYNTHETIC_DEFAULT, policy, np.random.default_rng(0), EngineConfig(),
         result=SimResult(
-            "x", workload, *(np.zeros(workload.num_requests) for _ in range(3)),
+            "x", workload, *(np.zeros(workload.num_requests) for _ in range(2)),
             committed=np.ones(workload.num_requests, dtype=np.int64),
             finished_count=np.zeros(workload.num_requests, dtype=np.int64),
         ),
