@@ -11,9 +11,9 @@ group g 1 + gain_g(d, w, k) tokens (`ShapeGain`, learned from the drafts that ra
 share of the batch's n k best nodes, as the selection spends them); the objective is how many
 requests that pace keeps on course for their SLO (`SloOutlook`), throughput breaking ties. A
 plain decode is scored the same way, and no shape may slow a request below a plain decode's
-pace where a plain decode would keep it on course, so on hardware where verifying or drafting
-costs more than it returns the plan is depth 0, and where verification is nearly free the
-full tree wins.
+pace where a plain decode would keep it on course (unless that slower pace still keeps it
+on course with room to spare), so on hardware where verifying or drafting costs more than it
+returns the plan is depth 0, and where verification is nearly free the full tree wins.
 After the draft (`cost_budget`), with the draft paid: the prefix of the batch-wide ranking by
 f' that maximizes expected committed tokens per ms.
 """
@@ -41,6 +41,10 @@ LatencyFn = Callable[..., torch.Tensor | None]
 # `plan_shape`'s tie-break: per request-equivalent, the speed-up over a plain decode's tokens
 # per ms; small beside one request kept on course for its SLO.
 THROUGHPUT_TIE = 0.01
+# A shape may serve a guarded SLO group slower than a plain decode where its pace still
+# exceeds what each request a plain decode keeps on course needs, by this many spreads of the
+# log wall time (and the switch margin): ~2 % chance for the hardest of them to fall off.
+GUARD_SIGMAS = 2.0
 
 
 def draft_widths(max_width: int) -> tuple[int, ...]:
@@ -444,7 +448,9 @@ def plan_shape(
     the choice is throughput, which also drains the queue. A shape under which some guarded
     SLO group expects fewer tokens per ms than a plain decode gives (by `margin`, to switch)
     is no choice: no request that a plain decode would keep on its SLO is slowed down to
-    speed up others. A group guards its requests where a plain decode would keep at least
+    speed up others, unless the shape too keeps each such request on course with room to
+    spare (`GUARD_SIGMAS` spreads and the margin in log pace) and speeds up the batch by the
+    margin. A group guards its requests where a plain decode would keep at least
     one of them on course; every best-effort group is guarded (a request blind to the draft,
     `SloBatch.draft_blind`, gains nothing from any shape, so while a guarded one runs the
     plan is a plain decode). The draft's cost is priced by its rows, so a wide beam must
@@ -492,25 +498,37 @@ def plan_shape(
     wall = iteration * wall_per_decode
     kept = torch.zeros_like(iteration)
     committed = torch.zeros_like(iteration)
-    slowest = torch.full_like(iteration, math.inf)
-    for count, expected, outlook, guarded in groups:
+    for count, expected, _, _ in groups:
         committed += count * expected
+    speedup = committed / iteration * (plain_ms / n)  # over a plain decode's tokens per ms
+    # A guarded group may be served slower than a plain decode would serve it only where the
+    # shape still keeps on course, with room to spare, every request of it that a plain decode
+    # keeps, and speeds up the batch by the margin (which holds the plans' track record).
+    may_slow = speedup >= 1.0 + margin
+    headroom = GUARD_SIGMAS * spread + math.log1p(margin)
+    slows_guarded = torch.zeros_like(iteration, dtype=torch.bool)
+    for _, expected, outlook, guarded in groups:
         if guarded:
-            slowest = torch.minimum(slowest, expected)
+            slower = expected / iteration < (1.0 + margin) / plain_ms
+            if outlook is not None:
+                keeps = outlook.keeps_what_plain_keeps(expected, wall, plain_wall, headroom)
+                slower &= ~(keeps & may_slow)
+            slows_guarded |= slower
         if outlook is not None:
             kept += outlook.kept(expected, wall)
-    speedup = committed / iteration * (plain_ms / n)  # over a plain decode's tokens per ms
     objective = kept + THROUGHPUT_TIE * speedup
     # A draft with no node verified is never better than a plain decode.
     objective[(verified == n) | ~reached.unsqueeze(1)] = -1.0
     # No request a plain decode would keep on its SLO is served slower than a plain decode
-    # would serve it (by `margin` to switch), however many others the shape would keep.
-    objective[slowest / iteration < (1.0 + margin) / plain_ms] = -1.0
+    # would serve it (by `margin` to switch), however many others the shape would keep,
+    # unless the shape too keeps it on course with room to spare.
+    objective[slows_guarded] = -1.0
     best, count = divmod(int(objective.argmax()), size)
     d, w = shapes[best]
     nodes = count * n
     score = float(objective[best, count])
-    tokens, ms, plain = float(committed[best, count]), float(iteration[best, count]), float(plain_ms)
+    tokens, ms = float(committed[best, count]), float(iteration[best, count])
+    plain = float(plain_ms)
     if score < 0:
         # No allocation is a choice: the plan reports the draft that comes nearest (the most
         # committed tokens per ms), not whichever verifies nothing ("best draft 1.00 tokens
@@ -614,6 +632,22 @@ class SloOutlook:
             else:
                 total = total + torch.searchsorted(log_theta, log_rho, right=True).double()
         return total
+
+    def keeps_what_plain_keeps(
+        self, expected: torch.Tensor, wall_ms: torch.Tensor, plain_wall_ms: torch.Tensor,
+        headroom: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """expected, wall_ms [S, K] as in `kept` -> [S, K] bool: whether that pace keeps on
+        course every request of the group that a plain decode (one token per `plain_wall_ms`
+        [1, 1]) keeps, each with `headroom` to spare in log pace."""
+        keeps = torch.ones_like(expected, dtype=torch.bool)
+        for tpot, log_theta in self.per_slo:
+            kept_by_plain = log_theta[log_theta <= math.log(tpot / float(plain_wall_ms))]
+            if kept_by_plain.numel() == 0:
+                continue
+            log_rho = torch.log((expected * tpot / wall_ms).clamp(min=1e-12))
+            keeps &= log_rho >= float(kept_by_plain[-1]) + headroom
+        return keeps
 
     def kept_by(self, plain_wall_ms: torch.Tensor) -> bool:
         """Whether a plain decode (one token per `plain_wall_ms` [1, 1]) keeps at least one

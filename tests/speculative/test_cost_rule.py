@@ -394,22 +394,44 @@ def test_a_request_a_plain_decode_would_lose_does_not_hold_the_others_back():
 
 
 def test_no_request_a_plain_decode_keeps_on_course_is_slowed_down_to_speed_up_another():
-    """r0 (SLO 5 ms, out of reach) has a draft that is almost always right, r1 (SLO 100 ms)
-    one that never is. Verify: 10 ms + 2 ms per extra token, draft free; plain decode 12 ms,
-    which keeps r1 on course. A 1-node chain each (16 ms) serves r0 twice as fast, but r1
-    would get 1 token per 16 ms where a plain decode gives it 1 per 12: the plan stays
+    """r0 (SLO 5 ms) has a draft that is almost always right, r1 (SLO 14 ms) one that never
+    is. Verify: 10 ms + 2 ms per extra token, draft free; plain decode 12 ms, which keeps r1 on
+    course (14 / 12 >= 1) and not r0. Speculation would serve r0 well (a 1-node chain each, 16
+    ms: twice as fast), but r1 would get 1 token per 16 ms or more, off its SLO: the plan stays
     plain, scoring r1 kept and the tie-break, 1.01."""
     gain = ShapeGain(max_nodes=4)
-    gain.observe(beam([[[0.95]] * 4, [[1e-9]] * 4]), 4, 1, groups=[5.0, 100.0])
+    gain.observe(beam([[[0.95]] * 4, [[1e-9]] * 4]), 4, 1, groups=[5.0, 14.0])
     gain.refresh(lambda f: f)
-    choice = plan(gain, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0]))
+    choice = plan(gain, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 14.0]))
     assert choice.depth == 0
     assert choice.plain_objective == pytest.approx(1 + THROUGHPUT_TIE)
     # With r1's draft as good as r0's, both gain and the plan speculates.
     good = ShapeGain(max_nodes=4)
-    good.observe(beam([[[0.95]] * 4, [[0.95]] * 4]), 4, 1, groups=[5.0, 100.0])
+    good.observe(beam([[[0.95]] * 4, [[0.95]] * 4]), 4, 1, groups=[5.0, 14.0])
     good.refresh(lambda f: f)
-    assert plan(good, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0])).depth > 0
+    assert plan(good, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 14.0])).depth > 0
+
+
+def test_a_request_far_inside_its_slo_may_be_slowed_while_it_stays_on_course():
+    """As above, but r1's SLO is 100 ms: at 1 token per 20 ms (a 4-deep chain, k = 2) it is
+    slower than a plain decode would serve it, and still far inside its SLO. Standing down for
+    it served every other request plain under overload (simulator, the rps4.8 trace at 1.5x,
+    seed 0: summarization guarded every plan down for ~360 iterations; 75 % of SLOs met,
+    where speculation met 88 %). The plan speculates and keeps both r0 and r1. With the
+    iterations' wall time spread so that r1's pace could fall below what it needs (the
+    `GUARD_SIGMAS` headroom), the plan guards r1 again."""
+    gain = ShapeGain(max_nodes=4)
+    gain.observe(beam([[[0.95]] * 4, [[1e-9]] * 4]), 4, 1, groups=[5.0, 100.0])
+    gain.refresh(lambda f: f)
+    choice = plan(gain, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0]))
+    assert (choice.depth, choice.nodes_per_request, choice.iteration_ms) == (4, 2, 20.0)
+    assert choice.objective == pytest.approx(2 + THROUGHPUT_TIE * 5.8 / 20 * 12 / 2)
+    # r1's pace there is 100 / 20 = 5x what it needs (log 1.61 of room), at the shortest
+    # speculative iteration (16 ms) 6.25x (log 1.83): a spread of 0.7 asks 1.4 of room, one
+    # of 1.0 asks 2.
+    spread = plan(gain, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0]), spread=0.7)
+    assert (spread.depth, spread.nodes_per_request) == (4, 2)
+    assert plan(gain, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0]), spread=1.0).depth == 0
 
 
 def test_cost_budget_stops_where_the_rate_peaks():
