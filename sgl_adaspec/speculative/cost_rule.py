@@ -625,7 +625,7 @@ class SloOutlook:
         keeps on course (expected count)."""
         total = 0.0
         for tpot, log_theta in self.per_slo:
-            log_rho = torch.log((expected * tpot / wall_ms).clamp(min=1e-12)).contiguous()
+            log_rho = _log_pace(expected, tpot, wall_ms).contiguous()
             if self.spread > 0:
                 z = (log_rho.unsqueeze(-1) - log_theta) / self.spread  # [S, K, R_t]
                 total = total + torch.special.ndtr(z).sum(-1)
@@ -642,20 +642,27 @@ class SloOutlook:
         [1, 1]) keeps, each with `headroom` to spare in log pace."""
         keeps = torch.ones_like(expected, dtype=torch.bool)
         for tpot, log_theta in self.per_slo:
-            kept_by_plain = log_theta[log_theta <= math.log(tpot / float(plain_wall_ms))]
+            kept_by_plain = log_theta[log_theta <= _log_pace(1.0, tpot, plain_wall_ms)]
             if kept_by_plain.numel() == 0:
                 continue
-            log_rho = torch.log((expected * tpot / wall_ms).clamp(min=1e-12))
-            keeps &= log_rho >= float(kept_by_plain[-1]) + headroom
+            keeps &= _log_pace(expected, tpot, wall_ms) >= float(kept_by_plain[-1]) + headroom
         return keeps
 
     def kept_by(self, plain_wall_ms: torch.Tensor) -> bool:
         """Whether a plain decode (one token per `plain_wall_ms` [1, 1]) keeps at least one
         of the group's requests on course."""
         return any(
-            bool(log_theta[0] <= math.log(tpot / float(plain_wall_ms)))
+            bool(log_theta[0] <= _log_pace(1.0, tpot, plain_wall_ms))
             for tpot, log_theta in self.per_slo
         )
+
+
+def _log_pace(expected, tpot: float, wall_ms):
+    """log rho (`SloOutlook`): the pace of `expected` tokens per `wall_ms` against an SLO of
+    `tpot` ms per token; a tensor for tensors, a float for a plain decode's numbers."""
+    if isinstance(expected, torch.Tensor):
+        return torch.log((expected * tpot / wall_ms).clamp(min=1e-12))
+    return math.log(expected * tpot / float(wall_ms))
 
 
 def recovery_log_theta(slo: SloBatch) -> torch.Tensor:
