@@ -95,7 +95,7 @@ def _prefill_budget(running_batch, limit: int) -> int | None:
         RunningSlo(
             tpot_slo_ms=state.slo.resolve_ms(state.stats.baseline_tpot_ms),
             decode_elapsed_ms=1000 * (now - state.first_token_s),
-            tokens_out=len(req.output_ids) - state.tokens_at_start,
+            tokens_out=state.tokens_decoded(len(req.output_ids)),
         )
         for req, state in tracked
     ]

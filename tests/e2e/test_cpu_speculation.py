@@ -109,6 +109,30 @@ def test_scheduler_process_receives_the_policy(eagle_server):
     assert "sgl_adaspec: scheduler uses spec policy adaserve" in log
 
 
+def test_a_speculative_server_keeps_the_overlap_schedule_unless_told(
+    eagle_server, models, tmp_path_factory, reference_outputs
+):
+    """On CPU SGLang 0.5.23 turns the overlap schedule off for speculative decoding; the plugin
+    keeps it, as CUDA runs it, so an iteration runs before the previous one's tokens reach
+    the requests (the policy counts what it committed: `RequestState.tokens_decoded`).
+    `--disable-overlap-schedule` still serves synchronously, as losslessly."""
+    info = requests.get(f"{eagle_server.url}/server_info", timeout=30).json()
+    assert info["disable_overlap_schedule"] is False
+    log = Path(eagle_server.log_path).read_text(errors="replace")
+    assert "Overlap schedule is not implemented for speculative decoding on CPU" not in log
+    server = start(
+        tmp_path_factory, "eagle-sync", models.target, *eagle_flags(models.eagle_draft),
+        "--spec-policy", "adaserve", "--disable-overlap-schedule",
+    )  # fmt: skip
+    try:
+        info = requests.get(f"{server.url}/server_info", timeout=30).json()
+        assert info["disable_overlap_schedule"] is True
+        for prompt, expected in reference_outputs.items():
+            assert output_ids(server, prompt) == expected, prompt
+    finally:
+        server.stop()
+
+
 @pytest.mark.slow
 def test_standalone_tree_greedy_is_token_identical(models, tmp_path_factory, reference_outputs):
     server = start(

@@ -47,6 +47,9 @@ from sglang.kernels.ops.speculative.spec_tree import (  # noqa: E402
     sgl_build_tree_kernel_triton,
     verify_tree_greedy_triton,
 )
+from sglang.kernels.ops.speculative.gather_spec_extras import (  # noqa: E402
+    gather_spec_extras as sgl_gather_spec_extras,
+)
 from sglang.srt.mem_cache import allocation  # noqa: E402
 from sglang.srt.speculative.eagle_utils import organize_draft_results  # noqa: E402
 from sglang.srt.speculative.spec_utils import select_top_k_tokens  # noqa: E402
@@ -525,6 +528,29 @@ def check_pool_ops(case: Case, rng: random.Random, gen: torch.Generator):
     )
 
 
+def check_gather_spec_extras(case: Case, rng: random.Random, gen: torch.Generator):
+    """gather_spec_extras: the overlap schedule's read of rows of the previous iteration's
+    draft state (topk_p float32, topk_index int64, bonus tokens int64, hidden states, optional),
+    in buffers of more rows than requests, at a random index order with repeats."""
+    bs, topk = case.bs, case.topk
+    rows, hidden = bs + rng.randint(0, 4), rng.randint(1, 24)
+    topk_p = torch.rand((rows, topk), generator=gen)
+    topk_index = torch.randint(0, VOCAB, (rows, topk), generator=gen)
+    bonus = torch.randint(0, VOCAB, (rows,), generator=gen)
+    states = torch.randn((rows, hidden), generator=gen) if rng.random() < 0.5 else None
+    indices = torch.randint(0, rows, (bs,), generator=gen)
+    case.inputs.update(gather_indices=indices)
+    got = run_ops(
+        "gather_spec_extras", ops.gather_spec_extras, indices, topk_p, topk_index, bonus, states
+    )
+    want = sgl_gather_spec_extras(indices, topk_p, topk_index, bonus, states)
+    for name, g, w in zip(("topk_p", "topk_index", "bonus_tokens", "hidden_states"), got, want):
+        if w is None:
+            assert g is None, name
+            continue
+        compare(f"gather_spec_extras/{name}", g, w, case)
+
+
 def run_case(case: Case) -> dict:
     rng = random.Random(case.seed)
     gen = torch.Generator().manual_seed(case.seed)
@@ -532,6 +558,7 @@ def run_case(case: Case) -> dict:
     verify_out, planned = check_verify(case, candidates, tree, rng, gen)
     check_accept_ops(case, verify_out, gen)
     check_pool_ops(case, rng, gen)
+    check_gather_spec_extras(case, rng, gen)
     return {"accepted": planned}
 
 

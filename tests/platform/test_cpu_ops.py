@@ -262,3 +262,19 @@ def test_fill_bonus_tokens():
 def test_build_tree_rejects_bitpacking(mode):
     with pytest.raises(NotImplementedError):
         _build([3], mode, torch.zeros(NTOK, dtype=torch.uint8))
+
+
+def test_gather_spec_extras_reads_rows_in_index_order():
+    topk_p = torch.tensor([[0.5, 0.25], [0.875, 0.125], [0.75, 0.1875]])
+    topk_index = torch.tensor([[3, 4], [5, 6], [7, 8]])
+    bonus = torch.tensor([10, 11, 12])
+    p, index, tokens, hidden = ops.gather_spec_extras(
+        torch.tensor([2, 0, 2]), topk_p, topk_index, bonus, None
+    )
+    assert p.tolist() == [[0.75, 0.1875], [0.5, 0.25], [0.75, 0.1875]]
+    assert index.tolist() == [[7, 8], [3, 4], [7, 8]] and tokens.tolist() == [12, 10, 12]
+    assert hidden is None
+    states = torch.arange(6.0).reshape(3, 2)
+    assert ops.gather_spec_extras(torch.tensor([1]), topk_p, topk_index, bonus, states)[
+        3
+    ].tolist() == [[2.0, 3.0]]

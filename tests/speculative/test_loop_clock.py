@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from sgl_adaspec.speculative.sglang.runtime import LoopClock
 
@@ -43,3 +44,30 @@ def test_a_request_s_slo_clock_starts_at_the_first_token_sglang_stamped():
     assert first_token_s(req(0.0), now=100.5) == 100.5  # no stamp (prefilled on another node)
     assert first_token_s(req(101.0), now=100.5) == 100.5  # never later than now
     assert first_token_s(SimpleNamespace(), now=100.5) == 100.5
+
+
+def test_on_the_overlap_schedule_a_request_s_tokens_are_those_its_iterations_committed():
+    """On SGLang's overlap schedule an iteration runs before the previous one's tokens reach
+    `req.output_ids`: the SLO state counts what the request's iterations committed, so a
+    request is not read one iteration behind (and its prefill's token, not yet in its output
+    at its first decode iteration, is not counted as decoded)."""
+    from types import SimpleNamespace
+
+    from sgl_adaspec.scheduler.request_slo import RequestSlo
+    from sgl_adaspec.speculative.sglang.request_state import RequestState, record_committed
+
+    state = RequestState(
+        RequestSlo("custom", tpot_slo_ms=50.0), first_token_s=0.0, tokens_at_start=1,
+        policy=SimpleNamespace(),
+    )  # fmt: skip
+    req = SimpleNamespace(_adaspec_state=state, output_ids=[])
+    assert state.tokens_decoded(len(req.output_ids)) == 0  # the first decode iteration
+    record_committed([req], torch.tensor([4]))  # it commits 4; its output still lags
+    req.output_ids = [7]  # the prefill's token arrives
+    assert state.tokens_decoded(len(req.output_ids)) == 4
+    record_committed([req], torch.tensor([1]))
+    req.output_ids = [7] * 5  # the first iteration's 4 arrive
+    assert state.tokens_decoded(len(req.output_ids)) == 5
+    # Synchronously (no lag) the output and the count agree.
+    req.output_ids = [7] * 6
+    assert state.tokens_decoded(len(req.output_ids)) == 5

@@ -101,6 +101,18 @@ def _verify_tree_greedy(*args, topk: int = -1, **kwargs):
     return bound["predicts"], bound["accept_index"], bound["accept_token_num"]
 
 
+def keep_overlap_schedule(original: Callable, server_args) -> None:
+    """AROUND hook on SGLang's `_disable_overlap_schedule_for_cpu`: a speculative server on the
+    generic CPU keeps SGLang's overlap schedule, as on CUDA, so the CPU serves through the
+    scheduler path GPUs run (its one Triton kernel, `gather_spec_extras`, routed to torch);
+    `--disable-overlap-schedule` still turns it off."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    if resolving_view(server_args).device == "cpu" and on_generic_cpu("cpu"):
+        return
+    original(server_args)
+
+
 def kv_copy_init(original: Callable, pool) -> None:
     """AROUND hook on `MHATokenToKVPool._init_kv_copy_and_warmup`: the tiled KV copy is a Triton
     kernel over raw pointers; on CPU use SGLang's own torch move (`move_kv_cache_native`)."""
@@ -180,11 +192,17 @@ def register(registry, hook_type) -> None:
         "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func": (
             ops.assign_req_to_token_pool
         ),
+        "sglang.srt.managers.overlap_utils.gather_spec_extras": ops.gather_spec_extras,
     }
     for target, torch_impl in routed.items():
         registry.register(target, route_on_cpu(torch_impl), around)
     registry.register(
         "sglang.srt.speculative.spec_utils._select_top_k_tokens_later", eager_on_cpu, around
+    )
+    registry.register(
+        "sglang.srt.arg_groups.speculative_hook._disable_overlap_schedule_for_cpu",
+        keep_overlap_schedule,
+        around,
     )
     registry.register(
         "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup",

@@ -343,6 +343,20 @@ def fill_accept_out_cache_loc(
     accept_out_cache_loc[: accepted.numel()].copy_(out_cache_loc[accepted])
 
 
+def gather_spec_extras(
+    indices: torch.Tensor,
+    topk_p_buf: torch.Tensor,
+    topk_index_buf: torch.Tensor,
+    output_tokens_buf: torch.Tensor,
+    hidden_states_buf: torch.Tensor | None,
+):
+    """Stands in for `overlap_utils.gather_spec_extras` (the overlap schedule's read of the
+    previous iteration's draft state): rows `indices` [M] of each buffer, as new tensors."""
+    rows = indices.long()
+    hidden = None if hidden_states_buf is None else hidden_states_buf[rows]
+    return topk_p_buf[rows], topk_index_buf[rows], output_tokens_buf[rows], hidden
+
+
 def tree_parent_nodes(next_token: list[list[int]], next_sibling: list[list[int]]) -> list[list[int]]:
     """Parent node of every node from first-child / next-sibling links (NO_NODE if unlinked)."""
     parents = []

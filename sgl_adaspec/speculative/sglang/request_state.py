@@ -30,7 +30,8 @@ class RequestState:
     `policy` is the process's policy: the request reports itself to its statistics when it
     finishes, and the policy forgets its per-request state. first_token_s: when its first token
     came (the plugin's clock); tokens_at_start: its output tokens then, so its TPOT is the time
-    since over the tokens since, as a client and SGLang's own metrics measure it."""
+    since over the tokens since, as a client and SGLang's own metrics measure it; committed:
+    the tokens its decode iterations committed since (bonus tokens included)."""
 
     slo: RequestSlo
     first_token_s: float
@@ -39,10 +40,18 @@ class RequestState:
     reported: bool = False
     # Set once its SLO was found unreachable even alone; it is then served best effort.
     infeasible: bool = False
+    committed: int = 0
 
     @property
     def stats(self):
         return self.policy.stats
+
+    def tokens_decoded(self, output_len: int) -> int:
+        """Tokens since its first token, as of the iteration about to run. On SGLang's overlap
+        schedule (CUDA's default, and the CPU's) an iteration runs before the previous one's
+        tokens reach `req.output_ids`: the count the iterations committed is then ahead of
+        the output, and it is the one the request's SLO state must read."""
+        return max(output_len - self.tokens_at_start, self.committed)
 
     def tpot_ms(self, tokens_out: int, now_s: float) -> float | None:
         decoded = tokens_out - self.tokens_at_start
@@ -61,7 +70,10 @@ def track_requests(reqs, policy: PolicyBase) -> None:
         if getattr(req, "_adaspec_state", None) is None:
             slo = request_slo(req)
             start = first_token_s(req, now)
-            req._adaspec_state = RequestState(slo, start, len(req.output_ids), policy)
+            # At least the prefill's token: on the overlap schedule a request's first decode
+            # iteration runs before that token reaches its output.
+            tokens = max(len(req.output_ids), 1)
+            req._adaspec_state = RequestState(slo, start, tokens, policy)
             if reporter is not None:
                 reporter.track(req.rid, slo.resolve_ms(policy.baseline_tpot_ms()))
 
@@ -87,7 +99,7 @@ def slo_batch(reqs, policy: PolicyBase, baseline_tpot_ms: float | None) -> SloBa
         target_ms = state.slo.resolve_ms(baseline_tpot_ms)
         tpot.append(target_ms if target_ms is not None else math.nan)
         elapsed.append(1000 * (now - state.first_token_s))
-        tokens.append(len(req.output_ids) - state.tokens_at_start)
+        tokens.append(state.tokens_decoded(len(req.output_ids)))
     return SloBatch(
         tpot_slo_ms=torch.tensor(tpot, dtype=torch.float64),
         decode_elapsed_ms=torch.tensor(elapsed, dtype=torch.float64),
@@ -111,6 +123,14 @@ def request_finished(_result, req, *args, **kwargs) -> None:
     if tpot_ms is not None:
         target_ms = state.slo.resolve_ms(state.stats.baseline_tpot_ms)
         state.stats.observe_finished(state.slo.slo_class, tpot_ms, target_ms, state.infeasible)
+
+
+def record_committed(reqs, committed: torch.Tensor) -> None:
+    """committed [B]: tokens each request committed this decode iteration (bonus included)."""
+    for req, tokens in zip(reqs, committed.tolist()):
+        state = getattr(req, "_adaspec_state", None)
+        if state is not None:
+            state.committed += int(tokens)
 
 
 def record_verified(reqs, verified: torch.Tensor, committed: torch.Tensor) -> None:
