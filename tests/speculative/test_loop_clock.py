@@ -65,7 +65,7 @@ def test_on_the_overlap_schedule_a_request_s_tokens_are_those_its_iterations_com
     record_committed([req], torch.tensor([4]))  # it commits 4; its output still lags
     req.output_ids = [7]  # the prefill's token arrives
     assert state.tokens_decoded(len(req.output_ids)) == 4
-    record_committed([req], torch.tensor([1]))
+    record_committed([req], 1)  # a plain iteration
     req.output_ids = [7] * 5  # the first iteration's 4 arrive
     assert state.tokens_decoded(len(req.output_ids)) == 5
     # Synchronously (no lag) the output and the count agree.

@@ -114,7 +114,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     clock.last_decode_end_s = end
     if not sync.leads:
         return result  # rank 0 observes for the group
-    request_state.record_committed(batch.reqs, result.accept_lens)
+    request_state.record_committed(batch.reqs, 1 if scope.plain else result.accept_lens)
     iteration_ms = 1000 * (end - start)
     if scope.plain:
         policy.stats.observe_plain(num_requests, warm)

@@ -125,9 +125,11 @@ def request_finished(_result, req, *args, **kwargs) -> None:
         state.stats.observe_finished(state.slo.slo_class, tpot_ms, target_ms, state.infeasible)
 
 
-def record_committed(reqs, committed: torch.Tensor) -> None:
-    """committed [B]: tokens each request committed this decode iteration (bonus included)."""
-    for req, tokens in zip(reqs, committed.tolist()):
+def record_committed(reqs, committed: torch.Tensor | int) -> None:
+    """committed [B]: tokens each request committed this decode iteration (bonus included);
+    an int: as many for every request (a plain iteration's 1, read without a device sync)."""
+    counts = committed.tolist() if isinstance(committed, torch.Tensor) else [committed] * len(reqs)
+    for req, tokens in zip(reqs, counts):
         state = getattr(req, "_adaspec_state", None)
         if state is not None:
             state.committed += int(tokens)
