@@ -10,9 +10,9 @@ Both servers run side by side (each sleeps when idle) and their requests alterna
 time, so a drift of the host's speed falls on both. adaserve is warmed up first until its cost
 model stands down; the probes it still runs (two speculative iterations every 16 to 256 plain
 ones) are counted and reported. A third server without speculation runs with SGLang's overlap
-schedule off (`none-seq`), as SGLang runs every speculative server on CPU ("Overlap schedule is
-not implemented for speculative decoding on CPU"): it separates what the steps-0 path costs from
-what the overlap of scheduling and forward saves a server without speculation.
+schedule off (`none-seq`): what the overlap of scheduling and forward saves a server without
+speculation (SGLang turns it off for speculation on CPU; the plugin keeps it since 2026-12-05,
+so adaserve runs the overlap schedule here, as on CUDA).
 Last line: plain_over_nospec_tpot=<median TPOT ratio adaserve / none>.
 """
 
