@@ -83,6 +83,14 @@ class SloBatch:
         return torch.isfinite(self.tpot_slo_ms)
 
     @property
+    def tpot_ratio(self) -> torch.Tensor:
+        """[B] float64: q_r = l_r / (o_r t_r), r's TPOT so far over its SLO (1 before its first
+        decoded token; NaN for best effort once it decoded)."""
+        tokens = self.tokens_out.double()
+        elapsed, tpot = self.decode_elapsed_ms.double(), self.tpot_slo_ms.double()
+        return torch.where(tokens > 0, elapsed / (tokens.clamp(min=1.0) * tpot), 1.0)
+
+    @property
     def slack_ms(self) -> torch.Tensor:
         """[B] float: t_r * o_r - l_r, ms ahead of the SLO track (negative = late; inf = none)."""
         ahead = self.tpot_slo_ms * self.tokens_out - self.decode_elapsed_ms
@@ -102,6 +110,19 @@ def required_tokens(slo: SloBatch, t_spec_ms: float) -> torch.Tensor:
     tpot = torch.where(has_slo, slo.tpot_slo_ms, 1.0)  # [B], no division by NaN/inf
     required = (slo.decode_elapsed_ms + t_spec_ms) / tpot - slo.tokens_out  # [B]
     return torch.where(has_slo, required, 0.0)
+
+
+def lead_weight(slo: SloBatch, scale: float, floor: float) -> torch.Tensor:
+    """[B] float64 in [floor, 1]: what one more expected token of each request is worth to
+    attainment, relative to a request on its SLO line. A request whose TPOT so far is well
+    under its SLO (q = `tpot_ratio` < 1) meets it with or without the token, one on its line
+    may not: exp(-(ln q)^2 / (2 scale^2)), floored so that speed still reaches requests far
+    ahead (it drains the batch). 1 on or behind the line and for best effort."""
+    if not (scale > 0 and 0.0 <= floor <= 1.0):
+        raise ValueError(f"lead_weight needs scale > 0 and 0 <= floor <= 1, got {scale}, {floor}")
+    ratio = slo.tpot_ratio
+    weight = torch.exp(-0.5 * (torch.log(ratio.clamp(min=1e-9)) / scale) ** 2).clamp(min=floor)
+    return torch.where(slo.has_slo & (ratio < 1.0), weight, 1.0)
 
 
 def capped_required(required: torch.Tensor, depth: torch.Tensor | int) -> torch.Tensor:

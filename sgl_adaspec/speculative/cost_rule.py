@@ -668,10 +668,7 @@ def _log_pace(expected, tpot: float, wall_ms):
 def recovery_log_theta(slo: SloBatch) -> torch.Tensor:
     """[B] float64: each request's log theta (`SloOutlook`), inf past recovery or without an
     SLO."""
-    tokens = slo.tokens_out.double()
-    elapsed = slo.decode_elapsed_ms.double()
-    tpot = slo.tpot_slo_ms.double()
-    ratio = torch.where(tokens > 0, elapsed / (tokens.clamp(min=1.0) * tpot), 1.0)
+    ratio = slo.tpot_ratio
     return torch.where(ratio < 2.0, -torch.log((2.0 - ratio).clamp(min=1e-9)), math.inf)
 
 

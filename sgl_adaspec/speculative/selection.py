@@ -88,7 +88,11 @@ INVALID = Infeasible.INVALID
 
 
 def select_adaserve(
-    cands: Candidates, required: torch.Tensor, budget: int, max_nodes_per_request: int
+    cands: Candidates,
+    required: torch.Tensor,
+    budget: int,
+    max_nodes_per_request: int,
+    rank_weight: torch.Tensor | None = None,
 ) -> Selection:
     """AdaServe's two selection phases (Algorithm 2, lines 9-23) over the candidate trees.
 
@@ -98,12 +102,16 @@ def select_adaserve(
        descending f while n_acc < A_cap(r), fewer than `max_nodes_per_request` were added and
        budget remains; n_acc starts at 1 (root) and grows by f(v).
     2. Throughput-optimized: the remaining budget goes to the batch-wide top nodes by f among
-       those not yet selected.
+       those not yet selected (by f x rank_weight[r], [B] > 0, where given).
     `budget` counts the roots (see the module docstring for budget < B).
     """
     num_requests, num_nodes = _check_inputs(cands, required, budget)
     if max_nodes_per_request < 0:
         raise ValueError(f"max_nodes_per_request must be >= 0, got {max_nodes_per_request}")
+    if rank_weight is not None and (
+        rank_weight.shape != (num_requests,) or not bool((rank_weight > 0).all())
+    ):
+        raise ValueError(f"rank_weight must be [B] = [{num_requests}] and > 0, got {rank_weight}")
     order, sorted_prob = _rank_nodes(cands)
     target = capped_required(required, cands.max_depth)  # [B] A_cap
     # Phase 1 for one request is "take its ranked nodes while n_acc < A_cap": n_acc before the
@@ -119,7 +127,7 @@ def select_adaserve(
     served_before = quota_sorted.cumsum(0) - quota_sorted  # [B]
     granted_sorted = torch.minimum((draft_budget - served_before).clamp(min=0), quota_sorted)
     slo_counts = torch.empty_like(quota).scatter_(0, urgency, granted_sorted)  # [B]
-    return _finish(cands, order, slo_counts, draft_budget)
+    return _finish(cands, order, slo_counts, draft_budget, rank_weight)
 
 
 def optimal_trees(
@@ -228,17 +236,25 @@ def _prefix_mask(order: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _finish(
-    cands: Candidates, order: torch.Tensor, slo_counts: torch.Tensor, draft_budget: int
+    cands: Candidates,
+    order: torch.Tensor,
+    slo_counts: torch.Tensor,
+    draft_budget: int,
+    rank_weight: torch.Tensor | None = None,
 ) -> Selection:
-    """Phase-1 prefixes of `slo_counts` nodes, then the batch-wide top of the rest by f."""
+    """Phase-1 prefixes of `slo_counts` nodes, then the batch-wide top of the rest by f
+    (x rank_weight [B])."""
     slo_mask = _prefix_mask(order, slo_counts)  # [B, N]
     left = draft_budget - int(slo_counts.sum())
-    mask = slo_mask | _global_top(cands, slo_mask, left)
+    mask = slo_mask | _global_top(cands, slo_mask, left, rank_weight)
     return Selection(mask, mask.sum(dim=1), slo_counts)
 
 
-def _global_top(cands: Candidates, taken: torch.Tensor, budget: int) -> torch.Tensor:
-    """[B, N] bool: the `budget` best untaken nodes by (f desc, request asc, node asc).
+def _global_top(
+    cands: Candidates, taken: torch.Tensor, budget: int, rank_weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[B, N] bool: the `budget` best untaken nodes by (f desc, request asc, node asc), f
+    scaled by rank_weight [B] where given (per request, so each request's order is kept).
 
     Uses a k-th-value threshold instead of a full sort: every node above the threshold is in,
     and the nodes equal to it are admitted in flat (request, node) order until the count is
@@ -251,7 +267,10 @@ def _global_top(cands: Candidates, taken: torch.Tensor, budget: int) -> torch.Te
         return free
     if budget <= 0:
         return torch.zeros_like(free)
-    key = torch.where(free, cands.path_prob, -math.inf).flatten()  # [B*N]
+    prob = cands.path_prob
+    if rank_weight is not None:
+        prob = prob * rank_weight.to(prob.device, prob.dtype)[:, None]
+    key = torch.where(free, prob, -math.inf).flatten()  # [B*N]
     threshold = torch.topk(key, budget, sorted=False).values.min()
     above = key > threshold  # [B*N]
     at = key == threshold  # [B*N]; threshold is finite since budget < num_free

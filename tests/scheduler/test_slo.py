@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sgl_adaspec.scheduler.slo import SloBatch, capped_required, required_tokens
+from sgl_adaspec.scheduler.slo import SloBatch, capped_required, lead_weight, required_tokens
 
 NAN, INF = math.nan, math.inf
 
@@ -86,3 +86,20 @@ def test_slo_batch_rejects_integer_times():
 def test_required_tokens_rejects_bad_t_spec(t_spec):
     with pytest.raises(ValueError, match="t_spec_ms"):
         required_tokens(batch([50.0], [1.0], [1]), t_spec)
+
+
+def test_lead_weight_hand_values():
+    # TPOT so far over SLO q = elapsed / (out x SLO): 0.9, 0.5, 1.5 (behind), before the first
+    # decoded token (1), best effort.
+    slo = batch([50.0, 50.0, 50.0, 50.0, NAN], [900.0, 500.0, 1500.0, 30.0, 700.0],
+                [20, 20, 20, 0, 10])
+    assert slo.tpot_ratio[:4].tolist() == pytest.approx([0.9, 0.5, 1.5, 1.0])
+    weight = lead_weight(slo, scale=0.3, floor=0.5)
+    # exp(-(ln 0.9 / 0.3)^2 / 2) = exp(-0.06167) = 0.94019; q = 0.5 gives exp(-2.669) =
+    # 0.06931, floored at 0.5; on or behind the line and best effort: 1.
+    assert weight.tolist() == pytest.approx([0.94019, 0.5, 1.0, 1.0, 1.0], abs=1e-5)
+    assert lead_weight(slo, scale=0.3, floor=0.0)[1].item() == pytest.approx(0.06931, abs=1e-5)
+    with pytest.raises(ValueError, match="scale"):
+        lead_weight(slo, scale=0.0, floor=0.5)
+    with pytest.raises(ValueError, match="floor"):
+        lead_weight(slo, scale=0.3, floor=1.5)

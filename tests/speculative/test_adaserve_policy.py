@@ -93,6 +93,28 @@ def test_cost_rule_slo_phase_skips_a_request_too_far_behind_to_catch_up_this_ite
     assert selection.counts.tolist() == [1, 2]
 
 
+def test_cost_rule_throughput_phase_prefers_a_request_on_its_line_to_one_far_ahead():
+    cands = two_chains()  # .9, .8, .7, .6 each
+    # Request 0 at 0.4x its SLO so far, request 1 on its line: neither needs an SLO-phase node
+    # (A = (20 + 10) / 10 - 5 = -2 and (50 + 10) / 10 - 5 = 1, the bonus token's).
+    slo = SloBatch(
+        tpot_slo_ms=torch.tensor([10.0, 10.0], dtype=torch.float64),
+        decode_elapsed_ms=torch.tensor([20.0, 50.0], dtype=torch.float64),
+        tokens_out=torch.tensor([5.0, 5.0], dtype=torch.float64),
+    )
+    counts = {}
+    for floor in (1.0, 0.5):
+        policy = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="cost", lead_floor=floor))
+        policy.observe_iteration(10.0)
+        counts[floor] = policy.select(cands, slo)[0].counts.tolist()
+    # By f' alone the 3 nodes go .9 (request 0, the tie's lower index), .9, .8 (request 0);
+    # request 0's nodes weighted 0.5 (the floor of exp(-(ln 0.4 / 0.3)^2 / 2) = 0.0094) rank
+    # below request 1's .9 .8 .7.
+    assert counts == {1.0: [2, 1], 0.5: [0, 3]}
+    with pytest.raises(ValueError, match="lead_floor"):
+        AdaserveConfig(lead_floor=0.0)
+
+
 def test_cost_rule_asks_a_for_the_wall_time_prefill_stalls_included():
     """Requests that waited on prefills 8 ms for every 10 ms of decode iterations must commit
     at 1.8x their SLO's pace while they decode: A(r) = (elapsed + 1.8 t_spec) / SLO - out."""

@@ -267,6 +267,27 @@ def test_cross_request_tie_goes_to_lower_request_index():
     assert selected_sets(selection) == [{0}, set()]
 
 
+def test_rank_weight_reorders_the_throughput_phase_only():
+    # Request 0 needs 2 tokens: its SLO phase takes its 0.9 node (n_acc 1 -> 1.9 < 2) and its
+    # 0.6 node. Request 1 is ahead (A = 0). The throughput phase has 2 nodes left: by f they are
+    # request 0's 0.5 and request 1's 0.4; with request 0 weighted 0.5 its 0.5 ranks as 0.25,
+    # below request 1's 0.4 and 0.3: the phase takes request 1's two, in their own order.
+    cands = make_candidates([[(-1, 0.9), (0, 0.6), (1, 0.5)], [(-1, 0.4), (0, 0.3), (1, 0.2)]])
+    required = torch.tensor([2.0, 0.0], dtype=torch.float64)
+    by_f = select_adaserve(cands, required, 6, 3)
+    assert selected_sets(by_f) == [{0, 1, 2}, {0}]
+    weighted = select_adaserve(cands, required, 6, 3, torch.tensor([0.5, 1.0]))
+    assert selected_sets(weighted) == [{0, 1}, {0, 1}]
+    assert weighted.slo_counts.tolist() == by_f.slo_counts.tolist() == [2, 0]
+    # Weights of 1 change nothing.
+    ones = select_adaserve(cands, required, 6, 3, torch.ones(2, dtype=torch.float64))
+    assert selected_sets(ones) == selected_sets(by_f)
+    with pytest.raises(ValueError, match="rank_weight"):
+        select_adaserve(cands, required, 6, 3, torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match="rank_weight"):
+        select_adaserve(cands, required, 6, 3, torch.ones(3))
+
+
 def test_select_static_is_per_request_top_k():
     cands = make_candidates(FIGURE5)
     selection = select_static(cands, 3)
