@@ -114,12 +114,13 @@ def required_tokens(slo: SloBatch, t_spec_ms: float) -> torch.Tensor:
 
 def lead_weight(slo: SloBatch, scale: float, floor: float) -> torch.Tensor:
     """[B] float64 in [floor, 1]: what one more expected token of each request is worth to
-    attainment, relative to a request on its SLO line. A request whose TPOT so far is well
+    attainment, relative to a request on its SLO line (a rank weight of `select_adaserve`,
+    which needs it > 0). A request whose TPOT so far is well
     under its SLO (q = `tpot_ratio` < 1) meets it with or without the token, one on its line
     may not: exp(-(ln q)^2 / (2 scale^2)), floored so that speed still reaches requests far
     ahead (it drains the batch). 1 on or behind the line and for best effort."""
-    if not (scale > 0 and 0.0 <= floor <= 1.0):
-        raise ValueError(f"lead_weight needs scale > 0 and 0 <= floor <= 1, got {scale}, {floor}")
+    if not (scale > 0 and 0.0 < floor <= 1.0):
+        raise ValueError(f"lead_weight needs scale > 0 and 0 < floor <= 1, got {scale}, {floor}")
     ratio = slo.tpot_ratio
     weight = torch.exp(-0.5 * (torch.log(ratio.clamp(min=1e-9)) / scale) ** 2).clamp(min=floor)
     return torch.where(slo.has_slo & (ratio < 1.0), weight, 1.0)

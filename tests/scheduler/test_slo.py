@@ -98,8 +98,9 @@ def test_lead_weight_hand_values():
     # exp(-(ln 0.9 / 0.3)^2 / 2) = exp(-0.06167) = 0.94019; q = 0.5 gives exp(-2.669) =
     # 0.06931, floored at 0.5; on or behind the line and best effort: 1.
     assert weight.tolist() == pytest.approx([0.94019, 0.5, 1.0, 1.0, 1.0], abs=1e-5)
-    assert lead_weight(slo, scale=0.3, floor=0.0)[1].item() == pytest.approx(0.06931, abs=1e-5)
+    assert lead_weight(slo, scale=0.3, floor=0.01)[1].item() == pytest.approx(0.06931, abs=1e-5)
     with pytest.raises(ValueError, match="scale"):
         lead_weight(slo, scale=0.0, floor=0.5)
-    with pytest.raises(ValueError, match="floor"):
-        lead_weight(slo, scale=0.3, floor=1.5)
+    for floor in (0.0, 1.5):
+        with pytest.raises(ValueError, match="floor"):
+            lead_weight(slo, scale=0.3, floor=floor)
