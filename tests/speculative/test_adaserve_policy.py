@@ -102,15 +102,20 @@ def test_cost_rule_throughput_phase_prefers_a_request_on_its_line_to_one_far_ahe
         decode_elapsed_ms=torch.tensor([20.0, 50.0], dtype=torch.float64),
         tokens_out=torch.tensor([5.0, 5.0], dtype=torch.float64),
     )
-    counts = {}
+    counts, one_node_gain = {}, {}
     for floor in (1.0, 0.5):
         policy = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="cost", lead_floor=floor))
         policy.observe_iteration(10.0)
         counts[floor] = policy.select(cands, slo)[0].counts.tolist()
+        policy.gain.refresh(lambda f: f)
+        one_node_gain[floor] = policy.gain.curve(4, 1)[1].item()
     # By f' alone the 3 nodes go .9 (request 0, the tie's lower index), .9, .8 (request 0);
     # request 0's nodes weighted 0.5 (the floor of exp(-(ln 0.4 / 0.3)^2 / 2) = 0.0094) rank
     # below request 1's .9 .8 .7.
     assert counts == {1.0: [2, 1], 0.5: [0, 3]}
+    # The gain table pools as the selection ranks: one node per request, batch-wide, is both
+    # .9s by f' alone and request 1's .9 and .8 weighted.
+    assert one_node_gain == {1.0: pytest.approx(0.9), 0.5: pytest.approx(0.85)}
     with pytest.raises(ValueError, match="lead_floor"):
         AdaserveConfig(lead_floor=0.0)
 

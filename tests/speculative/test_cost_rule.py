@@ -246,6 +246,24 @@ def test_shape_gain_keeps_a_table_per_slo_group():
     assert gain.group_table(50.0) is gain.table  # a group never seen reads the batch's
 
 
+def test_shape_gain_pools_by_the_weight_the_selection_ranks_by():
+    """With a rank weight per request the pool is ordered by f x weight, as the throughput
+    phase orders nodes, while what a node returns stays its f: a request weighed down gets
+    fewer of the batch's nodes."""
+    chains = [[[0.9], [0.8], [0.7]], [[0.6], [0.5], [0.3]]]
+    plain, weighed = ShapeGain(max_nodes=3), ShapeGain(max_nodes=3)
+    plain.observe(beam(chains), 3, 1, groups=[20.0, 50.0])
+    weighed.observe(beam(chains), 3, 1, groups=[20.0, 50.0], rank_weight=torch.tensor([0.5, 1]))
+    plain.refresh(lambda f: f)
+    weighed.refresh(lambda f: f)
+    # By f: .9 .8 | .7 .6 | .5 .3 (two nodes per k). By f x w: .6 .5 | .45 .4 | .35 .3, so
+    # k = 1 verifies the second request's .6 and .5, k = 2 adds the first's .9 and .8.
+    assert plain.curve(3, 1).tolist() == pytest.approx([0, 0.85, 1.5, 1.9])
+    assert weighed.curve(3, 1).tolist() == pytest.approx([0, 0.55, 1.4, 1.9])
+    assert weighed.group_table(20.0)[2].tolist() == pytest.approx([0, 0, 1.7, 2.4])
+    assert weighed.group_table(50.0)[2].tolist() == pytest.approx([0, 1.1, 1.1, 1.4])
+
+
 def test_shape_gain_is_what_a_batch_wide_budget_of_k_nodes_per_request_returns():
     # Two requests, 3-deep chains: one the draft reads well (.9, .8, .7), one it does not
     # (.2, .1, .05). k nodes per request spent batch-wide (as cost_budget and the throughput

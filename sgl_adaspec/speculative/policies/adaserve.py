@@ -881,10 +881,12 @@ class AdaservePolicy(PolicyBase):
             calibrated = exact.to(shaped.path_prob.dtype)
             if self._reason == "planned":
                 self._planned_drafts += 1
+            weight = self._rank_weight(slo)
             if not self._cold and (
                 self._reason != "planned" or self._planned_drafts % READ_PLANNED_EVERY == 0
             ):
-                self.gain.observe(shaped, plan.depth, plan.width, slo_group_keys(slo.tpot_slo_ms))
+                groups = slo_group_keys(slo.tpot_slo_ms)
+                self.gain.observe(shaped, plan.depth, plan.width, groups, weight)
             sunk_ms = self._draft_ms(plan.depth, plan.width, cands.num_requests)
             budget = cost_budget(
                 calibrated,
@@ -912,9 +914,7 @@ class AdaservePolicy(PolicyBase):
             n_max = math.ceil(1.2 * max(plan.budget - n, 0) / n)
         elif n_max is None:
             n_max = cands.num_nodes
-        weight = None
-        if self.config.budget_rule == "cost" and self.config.lead_floor < 1.0:
-            weight = lead_weight(slo, self.config.lead_scale, self.config.lead_floor)
+        weight = self._rank_weight(slo) if self.config.budget_rule == "cost" else None
         selection = select_adaserve(shaped, required, plan.budget, n_max, weight)
         expected = None
         if self.config.budget_rule == "cost":
@@ -932,6 +932,14 @@ class AdaservePolicy(PolicyBase):
             selection, plan.depth, plan.width, plan.budget, self.infeasible(it.slo, plan),
             predicted_accepted=expected,
         )  # fmt: skip
+
+    def _rank_weight(self, slo: SloBatch) -> torch.Tensor | None:
+        """[B] the weight the throughput phase ranks each request's nodes by (f' x weight),
+        None for f' alone. The gain table pools by it too, so the plan expects what the
+        selection will verify."""
+        if self.config.lead_floor >= 1.0:
+            return None
+        return lead_weight(slo, self.config.lead_scale, self.config.lead_floor)
 
     def infeasible(self, slo: SloBatch, plan: Plan) -> torch.Tensor:
         """[B] bool: requests whose TPOT SLO cannot be met even alone, i.e. even if every
