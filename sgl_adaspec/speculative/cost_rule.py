@@ -74,11 +74,11 @@ GAIN_CHUNK_NODES = 1 << 15  # nodes of pools per `pooled_gain` call (256 KiB of 
 class ShapeGain:
     """What each draft shape returns: for shape s = (d, w) and k, the expected accepted draft
     tokens per request of k nodes per request spent batch-wide within the beam of depth d and
-    width w (`pooled_gain`: a draft's n k best nodes by f'), averaged over the requests of the
-    last `drafts` drafts that reached that shape; over all requests (`table`) and per SLO group
-    (`group_table`: what the group's requests get of the n k best nodes of all), since
-    requests of different classes are accepted differently and the batch-wide ranking gives
-    the better-read ones more of the budget.
+    width w (`pooled_gain`: a draft's n k best nodes by f' x the selection's rank weight),
+    averaged over the requests of the last `drafts` drafts that reached that shape; over all
+    requests (`table`) and per SLO group (`group_table`: what the group's requests get of the
+    n k best nodes of all), since requests of different classes are accepted differently and
+    the batch-wide ranking gives the better-read ones more of the budget.
 
     The shapes are a grid: depths 1..max_depth, widths `draft_widths(max_width)`, fixed by the
     first draft (the configured search). A draft of shape (D, W) shows every shape (d <= D,
@@ -209,8 +209,10 @@ class ShapeGain:
         # fewer of the batch's nodes than its requests' count times k. Pooled within each
         # group instead, the plan expected chat to verify 4.8 nodes per request where it
         # verified 2.6, and 3.5 tokens where it committed 2.8 (simulator, a100 rate 8).
-        # The pool of all is ranked as that selection ranks: by f x the request's weight (raw f
-        # for f', which is near a scale of it). Ranked by f alone while the selection weighed
+        # The pool of all is ranked as that selection ranks: by f x the request's weight. By
+        # raw f, not f': the pool is sorted once and recalibrated unsorted, and between two
+        # requests of different weights the monotone calibration may swap a near tie, an
+        # error of a node or so. Ranked by f alone while the selection weighed
         # leads, the plan expected more tokens than were delivered, the track record's margin
         # rose and the guard stood down under load (simulator, trace rps4.8 1.5x, seed 0:
         # 159 iterations at >= 24 running, 69 without the weight).
