@@ -212,10 +212,10 @@ class ShapeGain:
         # The pool of all is ranked as that selection ranks: by f x the request's weight. By
         # raw f, not f': the pool is sorted once and recalibrated unsorted, and between two
         # requests of different weights the monotone calibration may swap a near tie, an
-        # error of a node or so. Ranked by f alone while the selection weighed
-        # leads, the plan expected more tokens than were delivered, the track record's margin
-        # rose and the guard stood down under load (simulator, trace rps4.8 1.5x, seed 0:
-        # 159 iterations at >= 24 running, 69 without the weight).
+        # error of a node or so. Ranked by f alone while the selection weighed leads, the
+        # plan expected more tokens than were delivered, the track record's margin rose and
+        # the guard stood down under load (simulator, trace rps4.8 1.5x, seed 0: 159
+        # iterations at >= 24 running, 69 without the weight).
         seen_rows = int(seen.sum())
         if rank_weight is not None:
             ranked = ranked * rank_weight.double().cpu().view(1, -1, 1)

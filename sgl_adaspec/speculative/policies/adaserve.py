@@ -874,6 +874,9 @@ class AdaservePolicy(PolicyBase):
             depth = draft_steps if draft_steps is not None else int(cands.max_depth.max())
             plan = Plan(depth, draft_width or plan.width, plan.budget)
         shaped = restrict_to_shape(cands, plan.depth, plan.width)
+        # What the throughput phase ranks by (f' alone under the knee rule); the gain table
+        # pools each draft by it too.
+        weight = self._rank_weight(slo) if self.config.budget_rule == "cost" else None
         if self.config.budget_rule == "cost":
             # In float64 for the prediction the outcome carries (`Decision.predicted_accepted`),
             # in the draft's dtype for the selection, as before.
@@ -881,7 +884,6 @@ class AdaservePolicy(PolicyBase):
             calibrated = exact.to(shaped.path_prob.dtype)
             if self._reason == "planned":
                 self._planned_drafts += 1
-            weight = self._rank_weight(slo)
             if not self._cold and (
                 self._reason != "planned" or self._planned_drafts % READ_PLANNED_EVERY == 0
             ):
@@ -914,7 +916,6 @@ class AdaservePolicy(PolicyBase):
             n_max = math.ceil(1.2 * max(plan.budget - n, 0) / n)
         elif n_max is None:
             n_max = cands.num_nodes
-        weight = self._rank_weight(slo) if self.config.budget_rule == "cost" else None
         selection = select_adaserve(shaped, required, plan.budget, n_max, weight)
         expected = None
         if self.config.budget_rule == "cost":
