@@ -440,6 +440,7 @@ def plan_shape(
     draft_ms: LatencyFn,
     plain_ms: float,
     margin: float = 0.0,
+    guard_margin: float | None = None,
     wall_per_decode: float = 1.0,
     spread: float = 0.0,
     max_width: int | None = None,
@@ -451,7 +452,10 @@ def plan_shape(
 
     slo: the running requests' SLO state; plain_ms: a plain iteration's predicted wall time
     (measured apart: `PolicyBase.plain_latency`); margin: how much more tokens per ms than a
-    plain decode a guarded SLO group must expect for speculation to be chosen;
+    plain decode a guarded SLO group must expect for speculation to be chosen, unless the
+    batch expects that much and the group `guard_margin` (default: `margin`): the switch's
+    hysteresis is the batch's to clear, a group's own guard is only the plans' prediction
+    error;
     wall_per_decode: the wall time a request spends per ms of decode iterations, stalls for
     prefills included (`PolicyBase.wall_per_decode`); spread: the measured spread of the log
     wall time of iterations (`PolicyBase.wall_spread`), how uncertain a request's future pace
@@ -524,14 +528,18 @@ def plan_shape(
     # keeps, and speeds up the batch by the margin (which holds the plans' track record).
     may_slow = speedup >= 1.0 + margin
     headroom = GUARD_SIGMAS * spread + math.log1p(margin)
+    guard_margin = margin if guard_margin is None else min(guard_margin, margin)
     slows_guarded = torch.zeros_like(iteration, dtype=torch.bool)
     for _, expected, outlook, guarded in groups:
         if guarded:
-            slower = expected / iteration < (1.0 + margin) / plain_ms
+            rate = expected / iteration  # tokens per ms of each request of the group
+            # Short of the margin where the batch is too, or short of the group's own margin.
+            slower = (rate < (1.0 + margin) / plain_ms) & ~may_slow
+            slowed = rate < (1.0 + guard_margin) / plain_ms
             if outlook is not None:
                 keeps = outlook.keeps_what_plain_keeps(expected, wall, plain_wall, headroom)
-                slower &= ~(keeps & may_slow)
-            slows_guarded |= slower
+                slowed &= ~(keeps & may_slow)
+            slows_guarded |= slower | slowed
         if outlook is not None:
             kept += outlook.kept(expected, wall)
     objective = kept + THROUGHPUT_TIE * speedup

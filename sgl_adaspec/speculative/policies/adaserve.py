@@ -777,8 +777,11 @@ class AdaservePolicy(PolicyBase):
         if fitted_price:
             plain_ms = self._plain_price(slo.num_requests, self._context_tokens)
         base = self.config.switch_margin if self._plain_run > 0 else 0.0
-        # In steps of 2 %, so the plan cache survives the record's drift.
-        margin = round(self.record_at(slo.num_requests).required_edge(base) * 50) / 50
+        record = self.record_at(slo.num_requests)
+        # In steps of 2 %, so the plan cache survives the record's drift. The switch margin is
+        # the batch's to clear; a guarded group's own guard is the record's edge alone.
+        margin = round(record.required_edge(base) * 50) / 50
+        guard_margin = round(record.required_edge(0.0) * 50) / 50
         pace = round(self.wall_per_decode * 20) / 20  # in steps of 5 %, as the margin
         spread = round(self.wall_spread * 20) / 20
         # No fit's version: they move every iteration, and re-planning on each cost ~6 ms of
@@ -826,6 +829,7 @@ class AdaservePolicy(PolicyBase):
             draft_ms=draft_ms,
             plain_ms=plain_ms or 0.0,
             margin=margin,
+            guard_margin=guard_margin,
             wall_per_decode=pace,
             spread=spread,
             max_width=self._load_adaptive_width(slo.num_requests, self.gain.max_width),
