@@ -468,12 +468,12 @@ def plan_shape(
     `THROUGHPUT_TIE` per request-equivalent of speed-up over a plain decode: speed goes to
     the requests whose SLO it decides, not to those far ahead or beyond recovery; the rest of
     the choice is throughput, which also drains the queue. A shape under which some guarded
-    SLO group expects fewer tokens per ms than a plain decode gives (by `margin`, to switch)
-    is no choice: no request that a plain decode would keep on its SLO is slowed down to
-    speed up others, unless the shape too keeps each such request on course with room to
-    spare (`GUARD_SIGMAS` spreads and the margin in log pace) and speeds up the batch by the
-    margin. A group guards its requests where a plain decode would keep at least
-    one of them on course; every best-effort group is guarded (a request blind to the draft,
+    SLO group expects fewer tokens per ms than a plain decode gives (by `guard_margin`, or by
+    `margin` where the batch does too) is no choice: no request that a plain decode would
+    keep on its SLO is slowed down to speed up others, unless the shape too keeps each such
+    request on course with room to spare (`GUARD_SIGMAS` spreads and the margin in log pace)
+    and speeds up the batch by the margin. A group guards its requests where a plain decode
+    would keep at least one of them on course; every best-effort group is guarded (a request blind to the draft,
     `SloBatch.draft_blind`, gains nothing from any shape, so while a guarded one runs the
     plan is a plain decode). The draft's cost is priced by its rows, so a wide beam must
     return more than its n * w rows per step cost."""

@@ -430,6 +430,43 @@ def test_no_request_a_plain_decode_keeps_on_course_is_slowed_down_to_speed_up_an
     assert plan(good, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 14.0])).depth > 0
 
 
+def test_the_switch_margin_is_the_batchs_and_a_groups_own_guard_its_prediction_error():
+    """r0 (SLO 5 ms, out of reach of a plain decode: unguarded) has a draft of f = 0.95, r1
+    (SLO 12.5 ms, kept by a plain decode: guarded) one of f = x; a 1-node chain each verifies
+    4 tokens in 16 ms against a plain decode's 2 in 12 ms. r1 then gets (1 + x) x 12 / 16 of a
+    plain decode's tokens per ms, a pace too near its SLO to be slowed (log 12.5 / 11.1 < the
+    headroom log 1.16). From a plain iteration the batch must gain the switch margin (0.16 here)
+    while r1 must only not lose what plans have fallen short (the guard margin, 0.054):
+    holding r1 to 0.16 too stood a batch 1.3x faster down (simulator, the rps4.8 trace at
+    1.5x, coding 1.2x, seed 0: chat at 1.14x barred 61 iterations at 48+ running)."""
+
+    def gain_with(x: float) -> ShapeGain:
+        gain = ShapeGain(max_nodes=1)
+        gain.observe(beam([[[0.95]], [[x]]]), 1, 1, groups=[5.0, 12.5])
+        gain.refresh(lambda f: f)
+        return gain
+
+    def depth(x: float, **margins) -> int:
+        batch = slo([5.0, 12.5])
+        return plan(gain_with(x), 2, linear_ms(10.0, 2.0), batch=batch, **margins).depth
+
+    margins = {"margin": 0.16, "guard_margin": 0.054}
+    # x = 0.44: r1 at 1.08x, the batch (1.95 + 1.44) / 16 x 6 = 1.27x.
+    assert depth(0.44, **margins) == 1
+    assert depth(0.44, margin=0.16) == 0  # the guard margin defaults to the margin
+    # x = 0.38: r1 at 1.035x, short of its own guard however fast the batch (1.25x).
+    assert depth(0.38, **margins) == 0
+    assert depth(0.38, margin=0.16, guard_margin=0.0) == 1
+    # r0's draft at f = 0.5: the batch at (1.5 + 1.44) / 16 x 6 = 1.10x, short of the switch
+    # margin: r1 holds the plan plain, as before.
+    weak = ShapeGain(max_nodes=1)
+    weak.observe(beam([[[0.5]], [[0.44]]]), 1, 1, groups=[5.0, 12.5])
+    weak.refresh(lambda f: f)
+    batch = slo([5.0, 12.5])
+    assert plan(weak, 2, linear_ms(10.0, 2.0), batch=batch, **margins).depth == 0
+    assert plan(weak, 2, linear_ms(10.0, 2.0), batch=batch, margin=0.054).depth == 1
+
+
 def test_a_request_far_inside_its_slo_may_be_slowed_while_it_stays_on_course():
     """As above, but r1's SLO is 100 ms: at 1 token per 20 ms (a 4-deep chain, k = 2) it is
     slower than a plain decode would serve it, and still far inside its SLO. Standing down for
