@@ -473,10 +473,10 @@ def plan_shape(
     keep on its SLO is slowed down to speed up others, unless the shape too keeps each such
     request on course with room to spare (`GUARD_SIGMAS` spreads and the margin in log pace)
     and speeds up the batch by the margin. A group guards its requests where a plain decode
-    would keep at least one of them on course; every best-effort group is guarded (a request blind to the draft,
-    `SloBatch.draft_blind`, gains nothing from any shape, so while a guarded one runs the
-    plan is a plain decode). The draft's cost is priced by its rows, so a wide beam must
-    return more than its n * w rows per step cost."""
+    would keep at least one of them on course; every best-effort group is guarded (a request
+    blind to the draft, `SloBatch.draft_blind`, gains nothing from any shape, so while a
+    guarded one runs the plan is a plain decode). The draft's cost is priced by its rows, so
+    a wide beam must return more than its n * w rows per step cost."""
     n = slo.num_requests
     if gain.table is None or n == 0:
         return None
