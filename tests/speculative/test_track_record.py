@@ -192,3 +192,31 @@ def test_adaserve_stands_down_where_plain_decodes_measured_cheaper_than_their_fi
     # 2.6 tokens per 12 ms beats one per 5.5 ms, not one per 4 ms.
     assert drafted(policy, 1, 4, 2, one)[0] == 0
     assert policy._last_planned.plain_ms == pytest.approx(4.0)
+
+
+def test_from_a_plain_run_the_plan_asks_the_switch_margin_of_the_batch_and_the_record_of_a_group(
+    monkeypatch,
+):
+    """The margins the policy hands its plan: from a plain iteration, the record's edge over
+    the switch margin (the batch's to clear) and the record's edge alone (each guarded
+    group's); while speculating, the record's edge for both."""
+    from sgl_adaspec.speculative.policies import adaserve
+
+    asked = []
+
+    def planned(**kwargs):
+        asked.append((kwargs["margin"], kwargs["guard_margin"]))
+        return real_plan(**kwargs)
+
+    real_plan = adaserve.plan_shape
+    monkeypatch.setattr(adaserve, "plan_shape", planned)
+    policy = speculating_policy(AdaserveConfig(explore_interval=100))
+    record = policy.record_at(1)
+    for _ in range(4):  # past MIN_RECORD decayed iterations
+        record.observe(10.0, 10.0, 5.0, 10.0)  # delivered half the plan
+    drafted(policy, 1, 4, 2, slo([math.nan]))
+    policy._plain_run = 1  # as after a plain iteration
+    policy._plan_cache.clear()
+    drafted(policy, 1, 4, 2, slo([math.nan]))
+    # 1 / 0.5 - 1 = 1.0; 1.1 / 0.5 - 1 = 1.2.
+    assert asked == [(1.0, 1.0), (1.2, 1.0)]
