@@ -32,6 +32,7 @@ from sgl_adaspec.speculative.latency import VerifyLatency
 from sgl_adaspec.speculative.policies.adaserve import (
     BLIND_AFTER,
     FIRST_REMEASURE,
+    FLOOR_MEASUREMENTS,
     PLAN_REUSE,
     REMEASURE_PLAIN,
     REMEASURE_RUN,
@@ -869,18 +870,38 @@ def test_adaserve_remeasures_a_plain_decode_where_its_price_could_change_the_pla
     assert resumed == [[(1, 1), (2, 1)]] * (len(starts) - 1)
 
 
+def measured_plain(policy, times: int, ms: float = 10.0):
+    """`policy` with `times` more plain iterations measured at one request, at `ms`."""
+    policy.plain_latency.seed([((1, 10), ms)] * times)
+    return policy
+
+
 def test_adaserve_does_not_remeasure_where_speculation_beats_any_plain_decode():
-    # Speculation (2.6 tokens in ~12 ms) beats the only plain price measured (10 ms a token):
+    # Speculation (2.6 tokens in ~12 ms) beats every plain price measured (10 ms a token):
     # no re-measurement could change the choice, so none costs an iteration.
     policy = speculating_policy(AdaserveConfig(explore_interval=1000))
+    measured_plain(policy, FLOOR_MEASUREMENTS - 1)
     shapes = [drafted(policy, 1, 4, 2, slo([math.nan])) for _ in range(4 * REMEASURE_PLAIN)]
     assert shapes == [(2, 1)] * (4 * REMEASURE_PLAIN)
+
+
+def test_adaserve_remeasures_while_its_floor_may_be_a_start_up_stall():
+    # As above, but only FLOOR_MEASUREMENTS - 1 plain iterations measured (all of them could
+    # have been stalled ones, right after start-up): the re-measurements run, soon at first.
+    policy = speculating_policy(AdaserveConfig(explore_interval=1000))
+    measured_plain(policy, FLOOR_MEASUREMENTS - 2)
+    shapes = [drafted(policy, 1, 4, 2, slo([math.nan])) for _ in range(2 * FIRST_REMEASURE)]
+    plain_at = [i for i, (depth, _) in enumerate(shapes) if depth == 0]
+    first = FIRST_REMEASURE - 1  # the run's first counts among the FIRST_REMEASURE
+    assert plain_at[:REMEASURE_RUN] == list(range(first, first + REMEASURE_RUN))
 
 
 def test_adaserve_does_not_measure_a_new_load_where_speculation_beats_any_plain_decode():
     # Measured at one request (10 ms); at three, speculation beats even that price, which no
     # batch of three undercuts: no plain iteration to measure theirs.
-    policy = speculating_policy(AdaserveConfig(explore_interval=1000))
+    policy = measured_plain(
+        speculating_policy(AdaserveConfig(explore_interval=1000)), FLOOR_MEASUREMENTS - 1
+    )
     assert [drafted(policy, 3, 4, 2, slo([math.nan] * 3)) for _ in range(3)] == [(2, 1)] * 3
 
 

@@ -83,6 +83,11 @@ EXPLORE_COST = 0.25
 WARM_SHARE_DECAY = 0.9
 # Plain iterations of one re-measurement: only the second is a steady price (`PolicyBase.observe`).
 REMEASURE_RUN = 2
+# Plain iterations measured before their cheapest bounds a plain decode's price: the first,
+# right after start-up, may all be stalled (SmolLM2 on a CPU, a server set of
+# `benchmarks/cost_aware.py`: two at 183 ms where a plain decode took 62 made the floor, and
+# the plan speculated against it for the server's life, at 1.4 tokens per verify; 2026-12-05).
+FLOOR_MEASUREMENTS = 4
 # The most a probe's interval grows to, in `probe_interval`s, while probes find that
 # speculation does not pay. Each probe runs two drafts for every running request: with a draft
 # that never pays (simulator, h100-llama8b, the poor-draft model, rate 16, 3 seeds) probes up to
@@ -676,8 +681,12 @@ class AdaservePolicy(PolicyBase):
     def _speculates_against_plain_floor(self, slo: SloBatch, planned) -> bool:
         """Whether `planned` speculates, and would against the cheapest plain iteration
         measured at any load: no batch decodes faster (a stalled measurement is dearer, not
-        cheaper), so measuring a plain decode's price at this load could not change it."""
+        cheaper), so measuring a plain decode's price at this load could not change it. Not
+        before `FLOOR_MEASUREMENTS` plain iterations are measured: a few in a stall would be
+        the floor for good, as the floor skips every later measurement."""
         if planned is None or planned.depth == 0:
+            return False
+        if self.plain_latency.num_observations < FLOOR_MEASUREMENTS:
             return False
         floor = self.plain_latency.min_latency()
         if floor is None:
