@@ -534,12 +534,12 @@ def plan_shape(
         if guarded:
             rate = expected / iteration  # tokens per ms of each request of the group
             # Short of the margin where the batch is too, or short of the group's own margin.
-            slower = (rate < (1.0 + margin) / plain_ms) & ~may_slow
-            slowed = rate < (1.0 + guard_margin) / plain_ms
+            short_of_switch = (rate < (1.0 + margin) / plain_ms) & ~may_slow
+            short_of_guard = rate < (1.0 + guard_margin) / plain_ms
             if outlook is not None:
                 keeps = outlook.keeps_what_plain_keeps(expected, wall, plain_wall, headroom)
-                slowed &= ~(keeps & may_slow)
-            slows_guarded |= slower | slowed
+                short_of_guard &= ~(keeps & may_slow)
+            slows_guarded |= short_of_switch | short_of_guard
         if outlook is not None:
             kept += outlook.kept(expected, wall)
     objective = kept + THROUGHPUT_TIE * speedup
