@@ -250,7 +250,7 @@ def main() -> int:
             f"{shape}{plan['expected_accepted_per_request']:.2f} tokens per request in a "
             f"{plan['iteration_ms']:.1f} ms iteration ({plan['tokens_per_ms']:.4f} tokens/ms) "
             f"vs {plan['plain_tokens_per_ms']:.4f} tokens/ms without ({plan['plain_ms']:.1f} "
-            "ms)"
+            f"ms), which speculation is asked to beat by {plan['required_gain']:.0%}"
         )
         curve = ", ".join(f"{f:g}->{g:g}" for f, g in plan["acceptance_curve"])
         print(f"acceptance calibration (draft f -> observed): {curve}")

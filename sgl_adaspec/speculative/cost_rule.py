@@ -404,7 +404,8 @@ def _mean_table(gained: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 class PlanChoice:
     """The plan for the next draft: its shape (depth 0: no speculation), the draft nodes per
     request it expects to verify, and the expected tokens per ms with it and with a plain
-    decode (the whole batch's), and the objective it maximized for both."""
+    decode (the whole batch's), the objective it maximized for both, and the margin it was
+    made with (what more tokens per ms than a plain decode speculation had to promise)."""
 
     depth: int
     width: int
@@ -416,6 +417,7 @@ class PlanChoice:
     plain_ms: float  # predicted, without speculation
     objective: float = 0.0
     plain_objective: float = 0.0
+    margin: float = 0.0  # the gain over a plain decode the batch had to expect to switch
 
     def as_dict(self) -> dict:
         return {
@@ -428,6 +430,7 @@ class PlanChoice:
             "iteration_ms": round(self.iteration_ms, 3),
             "plain_ms": round(self.plain_ms, 3),
             "speculate": self.depth > 0,
+            "required_gain": round(self.margin, 3),
         }
 
 
@@ -571,7 +574,7 @@ def plan_shape(
             ms = float(iteration[nearest, nearest_count])
     choice = PlanChoice(
         d, w, round(nodes / n), tokens / n, tokens / ms, n / plain, ms, plain, score,
-        plain_kept + THROUGHPUT_TIE,
+        plain_kept + THROUGHPUT_TIE, margin,
     )  # fmt: skip
     if choice.objective <= choice.plain_objective:
         return dataclasses.replace(choice, depth=0, nodes_per_request=0)

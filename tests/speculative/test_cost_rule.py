@@ -610,6 +610,8 @@ def test_adaserve_stands_down_then_probes():
     assert [d for d, _ in shapes[5:]] == [0, 0, 0, 0]  # the next probe waits twice as long
     assert policy.stats.last_plan["speculate"] is False
     assert policy.stats.last_plan["requests"] == 1  # the load it was made for
+    # Coming from plain iterations, with no track record yet, a switch asks the switch margin.
+    assert policy.stats.last_plan["required_gain"] == pytest.approx(policy.config.switch_margin)
     # /server_info names why each speculative iteration ran.
     assert policy.stats.speculation_reasons == {"unplanned": 1, "probe": 2}
 
