@@ -1,10 +1,19 @@
-"""Shared fixtures: the tiny local models (built once into the user cache, deterministic)."""
+"""Shared fixtures: the tiny local models (built once into the user cache, deterministic).
+
+Every server and engine a test starts inherits `ADASPEC_STRICT=1`: a plugin fallback raises
+there (`speculative/sglang/fallbacks.py`), so a test that meets one fails. A test that means
+to exercise a fallback sets `ADASPEC_STRICT=0` for its server and asserts the counter."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from sgl_adaspec.models.tiny import TinyModels, ensure_models
+from sgl_adaspec.speculative.sglang.fallbacks import STRICT_ENV
+
+os.environ[STRICT_ENV] = "1"
 
 
 @pytest.fixture(scope="session")

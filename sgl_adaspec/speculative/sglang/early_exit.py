@@ -23,6 +23,7 @@ import torch
 
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan, exiting_rows, worth_exiting
 from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration
+from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
 from sgl_adaspec.speculative.sglang.runtime import warn_once
 
 logger = logging.getLogger(__name__)
@@ -127,8 +128,8 @@ def _exit_rows(model, run: ExitRun, hidden, positions, forward_batch):
         stream = handoff.value + handoff.residual if separate else handoff.value
         try:
             exited = run.exited = _test(model, run, stream)
-        except Exception:  # the exit is an optimisation: never fail a verify pass for it
-            logger.exception("sgl_adaspec: early-exit test failed; verifying in full")
+        except Exception as exc:  # the exit is an optimisation: never fail a verify for it
+            fell_back(Fallback.EARLY_EXIT, exc)
     if exited is None or not bool(exited.any()):
         hidden = residual_batch.import_replay_handoff(handoff, forward_batch)
         run.test_ms = 1000 * (time.perf_counter() - start)
@@ -181,8 +182,8 @@ def plan_exit_run(worker, forward_batch, scope: Iteration) -> ExitRun | None:
         return None
     try:
         return _build_exit_run(scope, causal_lm, model, plan, forward_batch)
-    except Exception:  # the exit is an optimisation: never fail a verify pass for it
-        logger.exception("sgl_adaspec: early-exit set-up failed; verifying in full")
+    except Exception as exc:  # the exit is an optimisation: never fail a verify for it
+        fell_back(Fallback.EARLY_EXIT, exc)
         return None
 
 

@@ -31,6 +31,7 @@ from sgl_adaspec.speculative.policies.base import (
     policy_calls,
 )
 from sgl_adaspec.speculative.sglang import request_state
+from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
 from sgl_adaspec.speculative.sglang.blind_prefill import draft_blind, draft_extend_for_prefill
 from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs, run_draft
 from sgl_adaspec.speculative.sglang.early_exit import exit_run, llama_model_forward, plan_exit_run
@@ -278,8 +279,8 @@ def _decide(worker, batch, policy: PolicyBase, scope: Iteration):
             decision = policy.decide(it)
         for req, hopeless in zip(batch.reqs, decision.infeasible.tolist()):
             req._adaspec_state.infeasible |= hopeless
-    except Exception:
-        logger.exception("sgl_adaspec: policy decision failed; verifying the full tree")
+    except Exception as exc:
+        fell_back(Fallback.DECISION, exc)
         return None, None
     return it, decision
 

@@ -15,7 +15,9 @@ from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.base import PolicyBase
 from sgl_adaspec.speculative.draft_tiers import tier_shapes
+from sgl_adaspec.speculative.sglang import fallbacks
 from sgl_adaspec.speculative.sglang.deferred_topk import DeferredTopk
+from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
 from sgl_adaspec.speculative.sglang.tier_states import TierStates, build_tier_states
 from sgl_adaspec.speculative.sglang.tp_sync import TpSync, clock_rate, tp_sync_of_scheduler
 from sgl_adaspec.speculative.stats import replicas_total
@@ -111,6 +113,7 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
     profile = profile_verify_cost(draft_worker)
     budget = knee_budget(profile) if profile is not None else None
     policy = build_policy(config, budget)
+    fallbacks.inject_faults(policy)
     if profile is not None:
         # The dummy verify forward runs at a short context; seed with context 0.
         policy.verify_latency.seed(
@@ -124,6 +127,7 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
         from sglang.srt.runtime_context import get_parallel
 
         policy.stats.sinks.append(PrometheusSink(classes, get_parallel().dp_rank))
+        fallbacks.export_metrics()
     logger.info(
         "sgl_adaspec: %s policy: %s; verify cost profile %s",
         config.spec_policy,
@@ -220,8 +224,8 @@ def profile_verify_cost(worker, repeats: int = 3) -> VerifyCostProfile | None:
                 runs.append(1000 * (time.perf_counter() - start))
             latency.append(sorted(runs)[len(runs) // 2])
         return VerifyCostProfile(tuple(bs * ntok for bs in sizes), tuple(latency))
-    except Exception:  # a profiling failure must not stop the server: no budget instead
-        logger.exception("sgl_adaspec: verify cost profiling failed; policies run without it")
+    except Exception as exc:  # a profiling failure must not stop the server: no budget instead
+        fell_back(Fallback.COST_PROFILE, exc)
         return None
 
 
@@ -266,8 +270,8 @@ def report_to_dispatcher(policy: PolicyBase) -> None:
         return
     try:
         reporter.maybe_write(policy, now_s())
-    except Exception:  # the dispatcher then works from older reports: never stop serving
-        logger.exception("sgl_adaspec: writing the replica's SLO report failed")
+    except Exception as exc:  # the dispatcher then works from older reports: never stop serving
+        fell_back(Fallback.REPLICA_REPORT, exc)
 
 
 def current_policy() -> PolicyBase | None:
@@ -285,6 +289,7 @@ def add_internal_state(_result, controller, state: dict) -> None:
     state["adaspec"] = {
         "spec_policy": config.spec_policy,
         "stats": policy.stats.as_dict() if policy is not None else None,
+        "fallbacks": fallbacks.counts(),
         # KV slots held by requests now (radix-cached, evictable prefixes excluded), computed
         # on each call unlike the periodically published `sglang:num_used_tokens`.
         "kv_tokens_used": int(pool_stats.full_num_used),

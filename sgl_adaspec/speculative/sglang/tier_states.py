@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sgl_adaspec.speculative.draft_tiers import Shape, covering_tier, tier_draft_tokens
+from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +97,8 @@ def build_tier_states(
                     shape, used_gb, memory_cap_gb,
                 )  # fmt: skip
                 break
-    except Exception:  # never stop the server: it then runs the configured search only
-        logger.exception("sgl_adaspec: building draft tiers failed; the configured search runs")
+    except Exception as exc:  # never stop the server: it then runs the configured search only
+        fell_back(Fallback.TIER_BUILD, exc)
         return None
     return TierStates((steps, topk), num_draft_tokens, states, used_gb, graphs)
 
