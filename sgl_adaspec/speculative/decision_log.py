@@ -36,6 +36,15 @@ def iteration_line(outcome: Outcome, account: dict, wall_time_s: float, dp_rank:
         "verify_ms": round(outcome.verify_ms, 3),
         "stall_ms": round(outcome.stall_ms, 3),
         "after_prefill": outcome.after_prefill,
+        # Per request: tokens verified and committed, and f of each verified node (0 for the
+        # others): what a replayed draft must reproduce of an eager one.
+        "verified_per_request": outcome.verified.tolist(),
+        "committed_per_request": None if outcome.accepted is None else outcome.accepted.tolist(),
+        "verified_f": (
+            None
+            if outcome.verified_f is None
+            else [[round(f, 4) for f in row] for row in outcome.verified_f.tolist()]
+        ),
         **account,
     }
     return json.dumps(record, separators=(",", ":"))

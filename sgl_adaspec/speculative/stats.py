@@ -56,6 +56,7 @@ class SpecStats:
     draft_rows: int = 0
     drafts: int = 0
     graph_drafts: int = 0  # drafts replayed from a captured graph (CUDA)
+    decided_drafts: int = 0  # drafts whose verify the policy decided (the others: full tree)
     # The (depth, width) tiers built at start-up (`sglang.tier_states`), steps 0 included, and
     # the draft iterations run in each ("depth x width").
     draft_tiers: list | None = None
@@ -124,10 +125,14 @@ class SpecStats:
         for sink in self.sinks:
             sink.observe_iteration(verified, accepted, budget, depth, width)
 
-    def observe_draft(self, depth: int, width: int, rows: int, replayed: bool = False) -> None:
-        """One draft of (depth, width) over `rows` draft rows; `replayed`: from a CUDA graph."""
+    def observe_draft(
+        self, depth: int, width: int, rows: int, replayed: bool = False, decided: bool = False
+    ) -> None:
+        """One draft of (depth, width) over `rows` draft rows; `replayed`: from a CUDA graph;
+        `decided`: the policy chose what of it was verified."""
         self.drafts += 1
         self.graph_drafts += replayed
+        self.decided_drafts += decided
         self.draft_rows += rows
         self.last_draft_depth, self.last_draft_width = depth, width
         key = f"{depth}x{width}"
@@ -202,7 +207,9 @@ class SpecStats:
             "draft_width": self.last_draft_width,
             "draft_rows_per_iteration": self.draft_rows / self.drafts if self.drafts else None,
             "draft_tiers": self.draft_tiers,
+            "drafts": self.drafts,
             "draft_graph_replays": self.graph_drafts,
+            "decided_drafts": self.decided_drafts,
             "draft_iterations_by_shape": dict(sorted(self.draft_iterations_by_shape.items())),
             "exit_tested_tokens": self.exit_tested_tokens,
             "exited_tokens": self.exited_tokens,

@@ -228,6 +228,7 @@ class TorchDraftStepBackend(TorchNativeAttnBackend):
         return out.view(q.shape[0], -1)
 
     _kv = TorchTreeAttnBackend._kv
+    get_cuda_graph_seq_len_fill_value = TorchTreeAttnBackend.get_cuda_graph_seq_len_fill_value
 
 
 class TorchMultiStepDraftBackend:
@@ -246,6 +247,17 @@ class TorchMultiStepDraftBackend:
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         for backend in self.attn_backends:
             backend.init_forward_metadata(forward_batch)
+
+    # SGLang's graph runner contract (`graph_emulation`): each step reads the batch's metadata
+    # when it runs, so there is nothing to plan before or inside a captured region.
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        pass
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        pass
+
+    def init_forward_metadata_in_graph(self, forward_batch) -> None:
+        pass
 
 
 def _as_list(values) -> list[int]:

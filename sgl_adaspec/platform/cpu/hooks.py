@@ -169,7 +169,7 @@ def create_draft_extend_backend(original: Callable, factory):
 
 
 def register(registry, hook_type) -> None:
-    from sgl_adaspec.platform.cpu import interpreter_baseline, ops
+    from sgl_adaspec.platform.cpu import graph_emulation, interpreter_baseline, ops
 
     around = hook_type.AROUND
     registry.register(
@@ -207,6 +207,11 @@ def register(registry, hook_type) -> None:
     registry.register(
         "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup",
         kv_copy_init,
+        around,
+    )
+    registry.register(
+        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs",
+        graph_emulation.capture_cuda_graphs,
         around,
     )
     factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"

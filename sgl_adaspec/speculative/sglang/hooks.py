@@ -33,6 +33,11 @@ from sgl_adaspec.speculative.policies.base import (
 from sgl_adaspec.speculative.sglang import request_state
 from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
 from sgl_adaspec.speculative.sglang.blind_prefill import draft_blind, draft_extend_for_prefill
+from sgl_adaspec.speculative.sglang.draft_outputs import (
+    DraftOutputs,
+    collect_path_prob,
+    hand_path_prob,
+)
 from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs, run_draft
 from sgl_adaspec.speculative.sglang.early_exit import exit_run, llama_model_forward, plan_exit_run
 from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration, iteration_scope
@@ -122,7 +127,10 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     elif scope.draft_ran is not None:
         depth, width = scope.draft_ran
         rows = (depth - 1) * num_requests * width
-        policy.stats.observe_draft(depth, width, rows, replayed=not scope.draft_forward_ran)
+        policy.stats.observe_draft(
+            depth, width, rows, replayed=not scope.draft_forward_ran,
+            decided=scope.decision is not None,
+        )  # fmt: skip
     if scope.verify_ms is not None:
         warm_up = scope.decision is not None and not clock.speculated
         clock.speculated = clock.speculated or warm_up
@@ -186,17 +194,36 @@ def draft(original: Callable, draft_worker, batch, *args, **kwargs):
     return original(draft_worker, batch, *args, **kwargs)
 
 
-def draft_forward(original: Callable, draft_worker, forward_batch):
-    """AROUND `EagleDraftWorker.draft_forward`: the beam search of the iteration's tier."""
-    scope = current_iteration()
-    if scope is None:
-        return original(draft_worker, forward_batch)
-    scope.draft_forward_ran = True
-    tiers = runtime().tiers
+def draft_forward(original: Callable, draft_worker, forward_batch) -> DraftOutputs:
+    """AROUND `EagleDraftWorker.draft_forward`, the callable SGLang captures as the draft's
+    graph: the beam search of the iteration's tier, whose outputs carry the kept nodes' path
+    probabilities (`DraftOutputs`). Only an eager call inside an iteration hands them to the
+    iteration (never true in a captured region); a replay's reach it by `replayed_draft`."""
+    state = runtime()
+    tiers = state.tiers if state is not None else None
     in_a_tier = tiers is not None and (
         (draft_worker.speculative_num_steps, draft_worker.topk) != tiers.configured
     )
-    return run_draft(original, draft_worker, forward_batch, in_a_tier)
+    with collect_path_prob() as collected:
+        out = run_draft(original, draft_worker, forward_batch, in_a_tier)
+    outputs = DraftOutputs(out, collected.path_prob)
+    scope = current_iteration()
+    if scope is not None:
+        scope.draft_forward_ran = True
+        scope.path_prob = outputs.path_prob
+    return outputs
+
+
+def replayed_draft(original: Callable, runner, shape_key, forward_batch):
+    """AROUND `EAGLEDraftCudaGraphRunner._replay_graph`, right after a draft graph's replay:
+    the path probabilities its replay wrote (the capture-time `DraftOutputs.path_prob`) go to
+    the iteration, copied out before any other graph of the shared pool runs."""
+    out = original(runner, shape_key, forward_batch)
+    scope = current_iteration()
+    path_prob = getattr(out, "path_prob", None)
+    if scope is not None and path_prob is not None:
+        scope.path_prob = path_prob[: runner.raw_bs].clone()
+    return out
 
 
 def draft_extend_for_decode(original: Callable, draft_worker, *args, **kwargs):
@@ -210,14 +237,13 @@ def draft_extend_for_decode(original: Callable, draft_worker, *args, **kwargs):
 
 
 def organize_draft_results(original: Callable, score_list, token_list, parents_list, num_draft):
-    """AROUND `eagle_utils.organize_draft_results`: keep the chosen nodes' path probabilities."""
+    """AROUND `eagle_utils.organize_draft_results` (inside the draft's captured region): the
+    chosen nodes' path probabilities, as tensor work, to the enclosing `draft_forward`."""
     parent_list, top_scores_index, draft_tokens = original(
         score_list, token_list, parents_list, num_draft
     )
-    scope = current_iteration()
-    if scope is not None:
-        scores = torch.cat(score_list, dim=1).flatten(1)  # [bs, all expanded nodes]
-        scope.path_prob = torch.gather(scores, 1, top_scores_index)
+    scores = torch.cat(score_list, dim=1).flatten(1)  # [bs, all expanded nodes]
+    hand_path_prob(torch.gather(scores, 1, top_scores_index))  # [bs, num_draft - 1]
     return parent_list, top_scores_index, draft_tokens
 
 
@@ -410,6 +436,12 @@ def register(registry, hook_type) -> None:
     registry.register(
         "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill",
         draft_extend_for_prefill,
+        around,
+    )
+    registry.register(
+        "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner."
+        "_replay_graph",
+        replayed_draft,
         around,
     )
     registry.register(

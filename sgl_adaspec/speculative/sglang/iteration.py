@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_adaspec.platform.cpu.graph_emulation import sealed
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.policies.base import Decision, IterationInput
 
@@ -63,7 +64,10 @@ _ITERATION: contextvars.ContextVar[Iteration | None] = contextvars.ContextVar(
 
 
 def current_iteration() -> Iteration | None:
-    """The speculative iteration in progress in this thread, or None."""
+    """The speculative iteration in progress in this thread, or None; None inside a captured
+    region too (`graph_emulation.sealed`): on a GPU, Python there runs only at capture."""
+    if sealed():
+        return None
     return _ITERATION.get()
 
 
