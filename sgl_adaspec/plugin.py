@@ -15,39 +15,17 @@ logger = logging.getLogger(__name__)
 def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sgl_adaspec import cli
+    from sgl_adaspec import hook_table
     from sgl_adaspec.platform.cpu import hooks as cpu_hooks
-    from sgl_adaspec.scheduler import dp_adapter
-    from sgl_adaspec.scheduler import sglang_adapter as scheduler_adapter
-    from sgl_adaspec.speculative.sglang import hooks as spec_hooks
+    from sgl_adaspec.platform.cpu import interpreter_baseline
 
-    server_args = "sglang.srt.server_args.ServerArgs"
-    HookRegistry.register(f"{server_args}.add_cli_args", cli.add_cli_args, HookType.AFTER)
-    HookRegistry.register(f"{server_args}.from_cli_args", cli.from_cli_args, HookType.AROUND)
-    HookRegistry.register(
-        "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding",
-        cli.check_resolved_draft,
-        HookType.AFTER,
-    )
-    HookRegistry.register(
-        "sglang.srt.sampling.sampling_params.SamplingParams.verify",
-        _validate_request_slo,
-        HookType.AFTER,
-    )
-    HookRegistry.register(
-        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
-        _check_prompt_ids,
-        HookType.AFTER,
-    )
-    HookRegistry.register(
-        "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.handle_request",
-        _slo_from_openai_metadata,
-        HookType.AROUND,
-    )
-    cpu_hooks.register(HookRegistry, HookType)
-    spec_hooks.register(HookRegistry, HookType)
-    scheduler_adapter.register(HookRegistry, HookType)
-    dp_adapter.register(HookRegistry, HookType)
+    # The Triton-interpreter baseline runs SGLang's own kernels on CPU: no CPU-path hooks.
+    cpu_path = not interpreter_baseline.requested()
+    if not cpu_path:
+        interpreter_baseline.enable()
+    hook_table.register(HookRegistry, HookType, cpu_path)
+    if cpu_path:
+        cpu_hooks.setup()
 
 
 def _validate_request_slo(_result, sampling_params, *args, **kwargs) -> None:

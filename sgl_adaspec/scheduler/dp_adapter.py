@@ -271,7 +271,3 @@ def controller_event_loop(original, controller) -> None:
             controller._request_dispatcher(request)
 
 
-def register(registry, hook_type) -> None:
-    controller = "sglang.srt.managers.data_parallel_controller.DataParallelController"
-    registry.register(f"{controller}.__init__", controller_started, hook_type.AFTER)
-    registry.register(f"{controller}.event_loop", controller_event_loop, hook_type.AROUND)

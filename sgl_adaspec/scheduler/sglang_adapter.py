@@ -126,15 +126,3 @@ def name_queue_limit(req, finished_reason=None):
     return (req,), {"finished_reason": named}
 
 
-def register(registry, hook_type) -> None:
-    registry.register(
-        "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
-        order_waiting_queue,
-        hook_type.AFTER,
-    )
-    registry.register(
-        "sglang.srt.managers.scheduler._make_abort_req", name_queue_limit, hook_type.BEFORE
-    )
-    registry.register(
-        "sglang.srt.managers.schedule_policy.PrefillAdder.__init__", bound_prefill, hook_type.BEFORE
-    )

@@ -168,59 +168,40 @@ def create_draft_extend_backend(original: Callable, factory):
     return TorchTreeAttnBackend(factory.draft_model_runner)
 
 
-def register(registry, hook_type) -> None:
-    from sgl_adaspec.platform.cpu import graph_emulation, interpreter_baseline, ops
 
-    around = hook_type.AROUND
-    registry.register(
-        "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__", rope_init, around
-    )
-    if interpreter_baseline.requested():
-        interpreter_baseline.enable()
-        return
-    kernels = "sglang.kernels.ops.speculative"
-    routed = {
-        f"{kernels}.spec_tree.build_tree_kernel_efficient_func": ops.build_tree_kernel_efficient,
-        f"{kernels}.spec_tree.verify_tree_greedy_func": _verify_tree_greedy,
-        f"{kernels}.cache_locs.assign_draft_cache_locs_contiguous_func": (
-            ops.assign_draft_cache_locs_contiguous
-        ),
-        f"{kernels}.cache_locs.assign_extend_cache_locs_func": ops.assign_extend_cache_locs,
-        f"{kernels}.cache_locs.fill_front_out_cache_loc_func": ops.fill_front_out_cache_loc,
-        f"{kernels}.eagle.fill_bonus_tokens_func": ops.fill_bonus_tokens,
-        f"{kernels}.eagle.fill_accept_out_cache_loc_func": ops.fill_accept_out_cache_loc,
-        "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func": (
-            ops.assign_req_to_token_pool
-        ),
-        "sglang.srt.managers.overlap_utils.gather_spec_extras": ops.gather_spec_extras,
-    }
-    for target, torch_impl in routed.items():
-        registry.register(target, route_on_cpu(torch_impl), around)
-    registry.register(
-        "sglang.srt.speculative.spec_utils._select_top_k_tokens_later", eager_on_cpu, around
-    )
-    registry.register(
-        "sglang.srt.arg_groups.speculative_hook._disable_overlap_schedule_for_cpu",
-        keep_overlap_schedule,
-        around,
-    )
-    registry.register(
-        "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup",
-        kv_copy_init,
-        around,
-    )
-    registry.register(
-        "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs",
-        graph_emulation.capture_cuda_graphs,
-        around,
-    )
-    factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
-    registry.register(f"{factory}.create_decode_backend", create_draft_decode_backend, around)
-    registry.register(f"{factory}.create_draft_extend_backend", create_draft_extend_backend, around)
+def setup() -> None:
+    """What the CPU path needs besides its hooks (`hook_table`): the torch_native attention
+    factory and the kernels SGLang leaves as None on CPU."""
+    from sgl_adaspec.platform.cpu import ops
+
     _register_attention_factory()
     for name in ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob"):
         _provide_missing_kernel("sglang.srt.speculative.eagle_utils", name, getattr(ops, name))
 
+
+def _routed(name: str) -> Callable:
+    """`route_on_cpu` of `ops.<name>`, importing ops on first use."""
+
+    def hook(original, *args, **kwargs):
+        from sgl_adaspec.platform.cpu import ops
+
+        if on_generic_cpu(_first_tensor(args, kwargs).device):
+            return getattr(ops, name)(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    hook.__qualname__ = f"route_on_cpu({name})"
+    return hook
+
+
+build_tree_on_cpu = _routed("build_tree_kernel_efficient")
+assign_draft_cache_locs_on_cpu = _routed("assign_draft_cache_locs_contiguous")
+assign_extend_cache_locs_on_cpu = _routed("assign_extend_cache_locs")
+fill_front_out_cache_loc_on_cpu = _routed("fill_front_out_cache_loc")
+fill_bonus_tokens_on_cpu = _routed("fill_bonus_tokens")
+fill_accept_out_cache_loc_on_cpu = _routed("fill_accept_out_cache_loc")
+assign_req_to_token_pool_on_cpu = _routed("assign_req_to_token_pool")
+gather_spec_extras_on_cpu = _routed("gather_spec_extras")
+verify_tree_greedy_on_cpu = route_on_cpu(_verify_tree_greedy)
 
 def _provide_missing_kernel(module_name: str, name: str, torch_impl: Callable) -> None:
     """Fill a kernel SGLang leaves as None where it has no implementation (its CPU sampling
