@@ -12,7 +12,28 @@ import operator
 logger = logging.getLogger(__name__)
 
 
+# The SGLang release whose functions the hook table names.
+SUPPORTED_SGLANG = "0.5.23"
+
+
+def check_sglang_version(found: str | None = None) -> None:
+    """Refuse (a RuntimeError SGLang logs, leaving the plugin out) any SGLang but the one the
+    hooks were written against: they wrap that release's functions by name."""
+    from importlib.metadata import version
+
+    from sgl_adaspec import __version__
+
+    found = found if found is not None else version("sglang")
+    if found != SUPPORTED_SGLANG:
+        raise RuntimeError(
+            f"sgl_adaspec {__version__} hooks SGLang {SUPPORTED_SGLANG}; this environment has "
+            f"sglang {found}. Install sglang=={SUPPORTED_SGLANG}, or load SGLang without this "
+            "plugin: SGLANG_PLUGINS=<the plugins to load> (sgl_adaspec not among them)"
+        )
+
+
 def register() -> None:
+    check_sglang_version()
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sgl_adaspec import hook_table

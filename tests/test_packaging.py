@@ -1,9 +1,9 @@
 """The plugin as a plain (non-editable) `pip install` leaves it: the wheel alone, no repository.
 
-Until 2026-12-04 the default SLO classes were read from the repository's `configs/`, so a
-plain install ended every `sglang.launch_server` (with or without `--spec-policy`) with
-"cannot read SLO config". Here the wheel is built from a copy of the sources, unpacked, and put
-first on the path, and SGLang parses a launch with the plugin loaded from it.
+Whatever the plugin reads at run time (the default SLO classes above all: without them every
+`sglang.launch_server` in the environment ends with "cannot read SLO config") must ship in the
+wheel. Here the wheel is built from a copy of the sources, unpacked, and put first on the path,
+and SGLang parses a launch with the plugin loaded from it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from sgl_adaspec.config import AdaspecConfig
 load_plugins()
 prepare_server_args(sys.argv[1:])
 config = AdaspecConfig.from_env()
-print(json.dumps({"package": sgl_adaspec.__file__, "policy": config.spec_policy,
+print(json.dumps({"package": sgl_adaspec.__file__, "version": sgl_adaspec.__version__,
+                  "policy": config.spec_policy,
                   "classes": sorted(config.load_slo_config().classes)}))
 """
 
@@ -41,7 +42,7 @@ def unpacked_wheel(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("wheel")
     source = root / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, source / name)
     shutil.copytree(
         REPO / "sgl_adaspec", source / "sgl_adaspec",
@@ -65,8 +66,11 @@ def test_the_wheel_holds_the_data_the_plugin_reads_at_run_time(unpacked_wheel):
     assert (data / "data" / "slo_classes.yaml").is_file()
     assert (data / "data" / "spec_bench_questions.jsonl").is_file()
     assert list((data / "sim" / "data").glob("*.json"))
-    entry_points = next(unpacked_wheel.glob("sgl_adaspec-*.dist-info")) / "entry_points.txt"
-    assert "sgl_adaspec = sgl_adaspec.plugin:register" in entry_points.read_text()
+    dist_info = next(unpacked_wheel.glob("sgl_adaspec-*.dist-info"))
+    assert "sgl_adaspec = sgl_adaspec.plugin:register" in (dist_info / "entry_points.txt").read_text()
+    assert "Apache License" in next(dist_info.rglob("LICENSE")).read_text()
+    metadata = (dist_info / "METADATA").read_text()
+    assert "Provides-Extra: bench" in metadata and "extra == \"bench\"" in metadata
 
 
 def test_a_plain_install_launches_with_its_default_slo_classes(unpacked_wheel, tmp_path):
@@ -84,4 +88,14 @@ def test_a_plain_install_launches_with_its_default_slo_classes(unpacked_wheel, t
     parsed = json.loads(result.stdout.splitlines()[-1])
     assert Path(parsed["package"]).is_relative_to(unpacked_wheel)  # not the checkout's copy
     assert parsed["policy"] == "adaserve"
+    assert parsed["version"] == next(unpacked_wheel.glob("sgl_adaspec-*.dist-info")).stem.split("-")[1]
     assert parsed["classes"] == ["chat", "coding", "summarization"]
+
+
+def test_another_sglang_is_refused_naming_both_versions_and_the_opt_out():
+    from sgl_adaspec.plugin import SUPPORTED_SGLANG, check_sglang_version
+
+    check_sglang_version(SUPPORTED_SGLANG)
+    with pytest.raises(RuntimeError, match="sglang 0.5.24") as info:
+        check_sglang_version("0.5.24")
+    assert SUPPORTED_SGLANG in str(info.value) and "SGLANG_PLUGINS" in str(info.value)

@@ -24,7 +24,6 @@ from pathlib import Path
 import requests
 
 from sgl_adaspec.bench.http_stream import APIS
-from sgl_adaspec.bench.plots import plot_load_sweep, plot_per_class
 from sgl_adaspec.bench.policies import POLICIES, SpecShape
 from sgl_adaspec.bench.replay import SLO_FIELDS
 from sgl_adaspec.bench.report import render, write_json
@@ -174,10 +173,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sgl_adaspec.bench: error: {exc}", file=sys.stderr)
         return 2
     out = Path(config.out_dir)
-    files = [
-        write_json(result, out / "results.json"),
-        plot_load_sweep(result, out / "load_sweep.png"),
-        plot_per_class(result, out / "per_class.png"),
-    ]
+    files = [write_json(result, out / "results.json")]
+    try:  # the figures need matplotlib: `pip install sgl_adaspec[bench]`
+        from sgl_adaspec.bench.plots import plot_load_sweep, plot_per_class
+    except ImportError as exc:
+        print(f"sgl_adaspec.bench: no figures ({exc}; pip install 'sgl_adaspec[bench]')")
+    else:
+        files += [
+            plot_load_sweep(result, out / "load_sweep.png"),
+            plot_per_class(result, out / "per_class.png"),
+        ]
     print(render(result, files))
     return 0

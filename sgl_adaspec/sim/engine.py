@@ -42,6 +42,10 @@ from sgl_adaspec.sim.trees import accept_walk, draft_trees
 from sgl_adaspec.sim.workload import WorkloadArrays
 
 
+# The host's clock the policy's own time is read on (`EngineConfig.policy_time_scale`); tests
+# replace it with a clock they advance.
+host_clock = time.perf_counter
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_running_requests: int = 128
@@ -307,9 +311,9 @@ def _decode_iteration(
 
     def draft(depth: int, width: int):
         nonlocal simulated_s
-        started = time.perf_counter()
+        started = host_clock()
         trees = draft_trees(acceptance, rng, alpha, beta, depth, width)
-        simulated_s += time.perf_counter() - started
+        simulated_s += host_clock() - started
         if stale.any():  # as on the server: path probabilities 0, nothing accepted
             trees = replace(
                 trees,
@@ -319,10 +323,10 @@ def _decode_iteration(
         return trees
 
     context_lens = workload.prompt_tokens[running] + tokens[running]
-    decide_started = time.perf_counter()
+    decide_started = host_clock()
     decision = policy.decide(slo, draft, tuple(str(i) for i in running), context_lens)
     # On a server the policy's decisions sit inside the iteration it times; its observe after.
-    decide_ms = 1000.0 * (time.perf_counter() - decide_started - simulated_s) * policy_time_scale
+    decide_ms = 1000.0 * (host_clock() - decide_started - simulated_s) * policy_time_scale
     if decision.trees is None:
         accepted, deepest = np.zeros(running.size, dtype=np.int64), None
     else:
@@ -338,9 +342,9 @@ def _decode_iteration(
     remaining = workload.output_tokens[running] - tokens[running]
     committed = np.minimum(accepted + 1, remaining)
     tokens[running] += committed
-    observe_started = time.perf_counter()
+    observe_started = host_clock()
     policy.observe(decision, accepted, elapsed_ms, verify_ms, deepest, after_prefill, stall_ms)
-    observe_ms = 1000.0 * (time.perf_counter() - observe_started) * policy_time_scale
+    observe_ms = 1000.0 * (host_clock() - observe_started) * policy_time_scale
     result.policy_ms += decide_ms + observe_ms
     result.iterations += 1
     result.request_iterations += running.size

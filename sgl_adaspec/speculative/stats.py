@@ -57,6 +57,9 @@ class SpecStats:
     drafts: int = 0
     graph_drafts: int = 0  # drafts replayed from a captured graph (CUDA)
     decided_drafts: int = 0  # drafts whose verify the policy decided (the others: full tree)
+    ragged_verifies: int = 0  # verify forwards of the kept nodes only (the torch backend's)
+    # Requests with the plugin's SLO state whose finish (or abort) is not yet reported.
+    open_requests: int = 0
     # The (depth, width) tiers built at start-up (`sglang.tier_states`), steps 0 included, and
     # the draft iterations run in each ("depth x width").
     draft_tiers: list | None = None
@@ -126,13 +129,21 @@ class SpecStats:
             sink.observe_iteration(verified, accepted, budget, depth, width)
 
     def observe_draft(
-        self, depth: int, width: int, rows: int, replayed: bool = False, decided: bool = False
+        self,
+        depth: int,
+        width: int,
+        rows: int,
+        replayed: bool = False,
+        decided: bool = False,
+        ragged: bool = False,
     ) -> None:
         """One draft of (depth, width) over `rows` draft rows; `replayed`: from a CUDA graph;
-        `decided`: the policy chose what of it was verified."""
+        `decided`: the policy chose what of it was verified; `ragged`: the verify forward ran
+        on those nodes only."""
         self.drafts += 1
         self.graph_drafts += replayed
         self.decided_drafts += decided
+        self.ragged_verifies += ragged
         self.draft_rows += rows
         self.last_draft_depth, self.last_draft_width = depth, width
         key = f"{depth}x{width}"
@@ -210,6 +221,8 @@ class SpecStats:
             "drafts": self.drafts,
             "draft_graph_replays": self.graph_drafts,
             "decided_drafts": self.decided_drafts,
+            "ragged_verifies": self.ragged_verifies,
+            "open_requests": self.open_requests,
             "draft_iterations_by_shape": dict(sorted(self.draft_iterations_by_shape.items())),
             "exit_tested_tokens": self.exit_tested_tokens,
             "exited_tokens": self.exited_tokens,

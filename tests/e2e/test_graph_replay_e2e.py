@@ -72,7 +72,15 @@ def test_replayed_drafts_are_decided_as_eager_ones(models, tmp_path_factory):
     assert len(_what_was_decided(replayed_lines)) >= 2 * MAX_NEW_TOKENS // 5
 
 
-@pytest.mark.parametrize("policy_args", [("adaserve",)], ids=lambda args: "-".join(args))
+# adaserve in the default tier; the others in the slow tier (a server start each), without
+# tiers, so that every draft is the configured tree's graph replay (chain tiers draft eagerly).
+POLICIES = (("adaserve",),) + tuple(
+    pytest.param((*args, "--draft-tiers", "off"), marks=pytest.mark.slow)
+    for args in (("adaspec", "--adaspec-min-depth", "3"), ("tetris",), ("faser",), ("dropin",))
+)
+
+
+@pytest.mark.parametrize("policy_args", POLICIES, ids=lambda args: "-".join(args))
 def test_every_policy_is_lossless_on_replayed_drafts(
     models, tmp_path_factory, random_pair_reference, policy_args
 ):

@@ -15,11 +15,14 @@ def client(eagle_server):
     return openai.OpenAI(base_url=f"{eagle_server.url}/v1", api_key="none", max_retries=0)
 
 
-def server_classes(eagle_server) -> dict:
+def finished(eagle_server, custom_params: dict) -> int:
+    """Requests the server finished under the class these SLO fields name (a numeric SLO's
+    class is "custom")."""
     import requests
 
     info = requests.get(f"{eagle_server.url}/server_info", timeout=60).json()
-    return info["internal_states"][0]["adaspec"]["stats"]["classes"]
+    classes = info["internal_states"][0]["adaspec"]["stats"]["classes"]
+    return classes.get(custom_params.get("slo_class", "custom"), {}).get("finished", 0)
 
 
 def chat(client, custom_params: dict, stream: bool):
@@ -32,31 +35,35 @@ def chat(client, custom_params: dict, stream: bool):
 
 @pytest.mark.parametrize("custom_params", SLOS)
 def test_chat_carries_the_slo(client, eagle_server, custom_params):
-    before = server_classes(eagle_server).get("chat", {}).get("finished", 0)
+    before = finished(eagle_server, custom_params)
     reply = chat(client, custom_params, stream=False)
     assert reply.usage.completion_tokens == 6
-    if "slo_class" in custom_params:  # the server counted the request under its class
-        assert server_classes(eagle_server)["chat"]["finished"] == before + 1
+    assert finished(eagle_server, custom_params) == before + 1  # counted under its class
 
 
 @pytest.mark.parametrize("custom_params", SLOS)
-def test_streaming_chat_carries_the_slo(client, custom_params):
+def test_streaming_chat_carries_the_slo(client, eagle_server, custom_params):
+    before = finished(eagle_server, custom_params)
     chunks = list(chat(client, custom_params, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(chunks) >= 2 and text
+    assert finished(eagle_server, custom_params) == before + 1
 
 
+@pytest.mark.parametrize("custom_params", SLOS)
 @pytest.mark.parametrize("stream", [False, True])
-def test_completions_carry_the_slo(client, stream):
+def test_completions_carry_the_slo(client, eagle_server, stream, custom_params):
+    before = finished(eagle_server, custom_params)
     reply = client.completions.create(
         model="default", prompt="def f(x):", max_tokens=6, temperature=0, stream=stream,
-        extra_body={"custom_params": {"tpot_slo_ms": 30}, "ignore_eos": True},
+        extra_body={"custom_params": custom_params, "ignore_eos": True},
     )  # fmt: skip
     if stream:
         text = "".join(chunk.choices[0].text for chunk in reply if chunk.choices)
     else:
         text = reply.choices[0].text
     assert text
+    assert finished(eagle_server, custom_params) == before + 1
 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])

@@ -42,6 +42,8 @@ def test_policy_is_lossless_with_rejections(
     assert state["stats"]["iterations"] > 0
     # Each request verifies its root plus at most the 7 draft nodes SGLang's rerank keeps.
     assert 1.0 <= state["stats"]["verified_tokens_per_request"] <= 8.0
+    # The verify forward ran on the selected nodes only (the torch backend's ragged verify).
+    assert state["stats"]["ragged_verifies"] >= 1, state["stats"]
 
 
 # adaspec rightly switches speculation off here (a tiny model's draft step costs about what a

@@ -12,22 +12,30 @@ import requests
 BAD = [
     ({"tpot_slo_ms": -5}, "tpot_slo_ms must be > 0"),
     ({"tpot_slo_ms": "abc"}, "tpot_slo_ms must be a number"),
-    ({"tpot_slo_ms": 1e12}, "at most"),
+    ({"tpot_slo_ms": 1e12}, "tpot_slo_ms must be at most 60000 ms"),
+    ({"ttft_slo_ms": -1}, "ttft_slo_ms must be > 0"),
+    ({"ttft_slo_ms": "soon"}, "ttft_slo_ms must be a number"),
+    ([25], "custom_params must be an object, got list"),
     ({"slo_class": "platinum"}, "slo_class 'platinum' is not a known SLO class"),
     ({"slo_class": "chat", "tpot_slo_ms": 10}, "conflicts with slo_class 'chat'"),
 ]
 
 
-def post(server, api: str, custom_params, metadata: dict | None = None) -> requests.Response:
+def post(
+    server, api: str, custom_params, metadata: dict | None = None, stream: bool = False
+) -> requests.Response:
     if api == "generate":
         body = {
-            "text": "def f(x):",
+            "text": "def f(x):", "stream": stream,
             "sampling_params": {
                 "max_new_tokens": 4, "temperature": 0, "custom_params": custom_params,
             },
         }  # fmt: skip
         return requests.post(f"{server.url}/generate", json=body, timeout=120)
-    body = {"model": "default", "max_tokens": 4, "temperature": 0, "custom_params": custom_params}
+    body = {
+        "model": "default", "max_tokens": 4, "temperature": 0, "custom_params": custom_params,
+        "stream": stream,
+    }  # fmt: skip
     if metadata is not None:
         body["metadata"] = metadata
     if api == "completions":
@@ -54,6 +62,16 @@ def test_bad_slo_is_rejected_with_400_naming_the_field(eagle_server, api, params
     assert message in response.text
     # The server keeps serving.
     assert post(eagle_server, api, {"tpot_slo_ms": 40}).status_code == 200
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize(("params", "message"), BAD[:2] + BAD[-1:])
+def test_bad_slo_on_a_stream_is_rejected_naming_the_field(eagle_server, api, params, message):
+    response = post(eagle_server, api, params, stream=True)
+    # Refused before the stream starts, or as the stream's one error event.
+    assert response.status_code == 400 or '"error"' in response.text, response.text
+    assert message in response.text
+    assert post(eagle_server, api, {"tpot_slo_ms": 40}, stream=True).status_code == 200
 
 
 def finished_in_class(server, slo_class: str) -> int:

@@ -3,7 +3,6 @@ and batch: only the attributes the adapter reads)."""
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -17,13 +16,14 @@ from sgl_adaspec.speculative.sglang import runtime as plugin_runtime
 from sgl_adaspec.speculative.sglang.request_state import RequestState
 
 PROFILE = {"tokens": [8, 64], "latency_ms": [10.0, 38.0]}  # 0.5 ms per extra token
+NOW_S = 1000.0  # the plugin's clock in these tests (`runtime.now_s`)
 
 
 def running_req(tpot_slo_ms, decoded_ms, tokens_out, infeasible=False):
     stats = SpecStats(cost_profile=PROFILE)
     state = RequestState(
         RequestSlo("custom", tpot_slo_ms=tpot_slo_ms),
-        first_token_s=time.perf_counter() - decoded_ms / 1000,
+        first_token_s=NOW_S - decoded_ms / 1000,
         tokens_at_start=0,
         policy=SimpleNamespace(stats=stats),
         infeasible=infeasible,
@@ -43,12 +43,13 @@ def adaserve_config(monkeypatch):
     # The scheduler's runtime holds the start-up verify cost profile.
     profile = VerifyCostProfile(tuple(PROFILE["tokens"]), tuple(PROFILE["latency_ms"]))
     monkeypatch.setattr(plugin_runtime, "_RUNTIME", plugin_runtime.Runtime(config, cost_profile=profile))
+    monkeypatch.setattr(plugin_runtime, "now_s", lambda: NOW_S)
 
 
 def test_request_behind_its_slo_caps_the_prefill():
     # 50 ms SLO, 10 tokens in 500 ms: allowance 50 * 11 - 500 = 50 ms -> 100 tokens at 0.5 ms.
     args, _ = bound_prefill(*adder_args([running_req(50.0, 500.0, 10)]))
-    assert args[6] == pytest.approx(100, abs=2) and args[7] == args[6]
+    assert args[6] == 100 and args[7] == args[6]
 
 
 def test_request_ahead_of_its_slo_leaves_sglang_limits_alone():

@@ -129,7 +129,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         rows = (depth - 1) * num_requests * width
         policy.stats.observe_draft(
             depth, width, rows, replayed=not scope.draft_forward_ran,
-            decided=scope.decision is not None,
+            decided=scope.decision is not None, ragged=scope.ragged_verify,
         )  # fmt: skip
     if scope.verify_ms is not None:
         warm_up = scope.decision is not None and not clock.speculated
@@ -372,6 +372,7 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
     for name, value in full.items():
         setattr(forward_batch, name, value[rows])
     scope.verify_nodes = [row.nonzero().squeeze(1) for row in keep]
+    scope.ragged_verify = True
     try:
         with exit_run(run):
             result = original(worker, batch, forward_batch, *args, **kwargs)

@@ -37,6 +37,7 @@ class Iteration:
     - verify_ms / accepted [bs]: the verify pass's latency and accept lengths;
     - deepest_accepted [bs]: each request's deepest accepted candidate node (-1: none), None
       when unknown (`tree.deepest_accepted`);
+    - ragged_verify: the verify forward ran on the kept nodes only (`hooks.target_forward`);
     - one_token_slots_in_row: a one-node verify's KV slots follow each request's prefix in
       its `req_to_token` row (the torch attention backend's check; None: not yet asked)."""
 
@@ -56,6 +57,7 @@ class Iteration:
     accepted: torch.Tensor | None = None
     deepest_accepted: torch.Tensor | None = None
     one_token_slots_in_row: bool | None = None
+    ragged_verify: bool = False
 
 
 _ITERATION: contextvars.ContextVar[Iteration | None] = contextvars.ContextVar(

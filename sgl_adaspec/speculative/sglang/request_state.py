@@ -74,6 +74,7 @@ def track_requests(reqs, policy: PolicyBase) -> None:
             # iteration runs before that token reaches its output.
             tokens = max(len(req.output_ids), 1)
             req._adaspec_state = RequestState(slo, start, tokens, policy)
+            policy.stats.open_requests += 1
             if reporter is not None:
                 reporter.track(req.rid, slo.resolve_ms(policy.baseline_tpot_ms()))
 
@@ -114,6 +115,7 @@ def request_finished(_result, req, *args, **kwargs) -> None:
     if state is None or state.reported or not req.finished():
         return
     state.reported = True
+    state.stats.open_requests -= 1
     state.policy.forget(req.rid)
     reporter = replica_reporter()
     if reporter is not None:

@@ -18,7 +18,11 @@ from sgl_adaspec.speculative.draft_tiers import tier_shapes
 from sgl_adaspec.speculative.sglang import fallbacks
 from sgl_adaspec.speculative.sglang.deferred_topk import DeferredTopk
 from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
-from sgl_adaspec.speculative.sglang.tier_states import TierStates, build_tier_states
+from sgl_adaspec.speculative.sglang.tier_states import (
+    TierStates,
+    build_tier_states,
+    graph_counts,
+)
 from sgl_adaspec.speculative.sglang.tp_sync import TpSync, clock_rate, tp_sync_of_scheduler
 from sgl_adaspec.speculative.stats import replicas_total
 
@@ -191,11 +195,18 @@ def build_tiers(
         worker, shapes, config.draft_tier_memory_gb, lambda stop: bool(sync.value(stop))
     )
     if tiers is not None:
+        counts = {shape: graph_counts(state) for shape, state in tiers.states.items()}
         logger.info(
             "sgl_adaspec: draft tiers %s: %d SGLang runtime states (depth, width) %s, "
-            "%.2f GB of device memory for their graphs%s",
-            path, len(tiers.states), list(tiers.shapes), tiers.memory_gb,
-            "" if tiers.graphs else " (none captured)",
+            "%d graphs (%s), %.2f GB of device memory for them",
+            path, len(tiers.states), list(tiers.shapes),
+            sum(sum(c.values()) for c in counts.values()),
+            "; ".join(
+                f"{d}x{w}: " + ", ".join(f"{name} {n}" for name, n in c.items() if n)
+                for (d, w), c in counts.items()
+                if any(c.values())
+            ) or "none captured",
+            tiers.memory_gb,
         )  # fmt: skip
     return tiers
 

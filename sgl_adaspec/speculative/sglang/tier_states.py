@@ -133,16 +133,43 @@ def _build(worker, shape: Shape, num_draft_tokens: int):
         rebuild() if draft.speculative_num_draft_tokens == draft.speculative_num_steps + 1 else None
     )
     try:
-        with _spec_config(speculative_eagle_topk=width):
-            state = worker.build_adaptive_runtime_state(
+        # A chain tier drafts eagerly (see the docstring): no draft graph is captured for it.
+        no_draft_graph = _no_draft_graph() if width == 1 else contextlib.nullcontext()
+        with _spec_config(speculative_eagle_topk=width), no_draft_graph:
+            return worker.build_adaptive_runtime_state(
                 depth, tier_draft_tokens(depth, width, num_draft_tokens)
             )
-        if width == 1:
-            state.cuda_graph_runner = None  # a chain tier drafts eagerly (see the docstring)
-        return state
     finally:
         del draft._rebuild_topk1_chain_buffers
         worker.topk, draft.topk = configured
+
+
+@contextlib.contextmanager
+def _no_draft_graph():
+    """SGLang's `_capture_cuda_graphs` inside captures no draft decode graph (its draft extend
+    graph still): the runner class it looks up is replaced by one that builds none."""
+    from sglang.srt.speculative import eagle_worker_v2
+
+    saved = eagle_worker_v2.EAGLEDraftCudaGraphRunner
+    eagle_worker_v2.EAGLEDraftCudaGraphRunner = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        eagle_worker_v2.EAGLEDraftCudaGraphRunner = saved
+
+
+def graph_counts(state) -> dict[str, int]:
+    """Graphs a runtime state holds: draft, draft extend and target verify, one per captured
+    batch size (0 where the runner is absent)."""
+    runners = {
+        "draft": state.cuda_graph_runner,
+        "extend": state.cuda_graph_runner_for_draft_extend,
+        "verify": state.target_graph_runner,
+    }
+    return {
+        name: 0 if runner is None else len(getattr(runner, "capture_bs", ()))
+        for name, runner in runners.items()
+    }
 
 
 @contextlib.contextmanager
