@@ -44,8 +44,8 @@ IMAGE_PACKAGES = """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage
 cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops
-equinox etils execnet filelock flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio
-h11 h5py hf-xet httpcore httpx huggingface-hub humanize hypothesis idna imageio iniconfig
+equinox etils execnet filelock flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch
+grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize hypothesis idna imageio iniconfig
 interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver
 lazy-loader lightning lightning-utilities linear-operator lineax llvmlite lxml markdown
 markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict
@@ -70,7 +70,7 @@ IMAGE_VERSIONS = {
     "sentencepiece": "0.2.2", "tokenizers": "0.23.2", "transformers": "5.17.0",
 }  # fmt: skip
 
-_IPYTHON_EXTRA = "IPython's interactive deps; `from IPython.display import HTML` needs only traitlets"
+_IPYTHON_EXTRA = "IPython's interactive deps; `from IPython.display import HTML` needs none"
 # Pinned requirements that the plain HTTP server + EAGLE path never imports (the import check
 # below hides them): not carried.
 SERVER_DROPS = {
@@ -91,8 +91,8 @@ SERVER_DROPS = {
 # Pruned from SGLang's tree (relative globs), with why each is never imported on our path.
 PRUNES = {
     "sglang/multimodal_gen": "diffusion generation runtime (sglang serve on diffusion models)",
-    "**/*.so": "cp311 Rust extensions (Rust server, gRPC, multimodal, rust tree-core); no 3.12 load",
-    "sglang/test": "test suites; runtime refs are env-gated (SGLANG_TEST_SCRIPTED_RUNTIME) or demos",
+    "**/*.so": "cp311 Rust extensions (Rust server, gRPC, multimodal, tree-core): 3.12 cannot load",
+    "sglang/test": "test suites; runtime uses: demos, or env-gated (SGLANG_TEST_SCRIPTED_RUNTIME)",
     "**/docs": "markdown deployment notes (hf3fs)",
     "**/*.md": "READMEs; nothing opens them",
 }
@@ -131,14 +131,17 @@ def parse_args() -> argparse.Namespace:
 def fresh_out(out: Path) -> None:
     """Empty the kit folder (two versions of a wheel would stop the install there)."""
     kit_names = {"wheels", "install.sh", SGLANG_TAR, MODELS_TAR}
-    strangers = sorted(p.name for p in out.iterdir() if p.name not in kit_names) if out.exists() else []
+    present = list(out.iterdir()) if out.is_dir() else []
+    strangers = sorted(p.name for p in present if p.name not in kit_names)
     if strangers:  # not a kit made here: never delete someone's folder
         sys.exit(f"gpu_kit: {out} holds {strangers[:3]}, not a kit's files; refusing to empty it")
     shutil.rmtree(out, ignore_errors=True)
     (out / "wheels").mkdir(parents=True)
 
 
-def pip_download(spec: str, dest: Path, python_version: str = "3.12") -> subprocess.CompletedProcess:
+def pip_download(
+    spec: str, dest: Path, python_version: str = "3.12"
+) -> subprocess.CompletedProcess:
     """The one way this script reaches the network: a binary-only, no-deps `pip download`."""
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     cmd = [
@@ -217,7 +220,7 @@ def check_tree_imports(tree: Path, shadow: Path) -> bool:
     """Import CHECK_MODULES and every plugin module (but __main__s) with the pruned tree first on
     sys.path and dropped packages hidden (Python 3.11 here, not the machine's 3.12)."""
     code = textwrap.dedent(f"""
-        import importlib, pkgutil, site, sys
+        import importlib, importlib.metadata, pkgutil, site, sys
         site.addsitedir({str(shadow)!r})  # processes the .pth files (editable plugin) too
         sys.path.insert(0, {str(tree)!r})
         import sgl_adaspec
@@ -231,10 +234,13 @@ def check_tree_imports(tree: Path, shadow: Path) -> bool:
                 failed.append(f"{{name}}: {{exc!r}}")
         import sglang
         assert sglang.__file__.startswith({str(tree)!r}), sglang.__file__
+        # The plugin refuses any SGLang but 0.5.23, read from the kept dist-info.
+        assert importlib.metadata.version("sglang") == {SGLANG.split("==")[1]!r}
         print("\\n".join(failed) or f"ok {{len(names)}}")
     """)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env)
+    cmd = [sys.executable, "-S", "-c", code]  # -S: no site-packages but the shadow's
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
     out = result.stdout.strip().splitlines()[-1:] or [""]
     if result.returncode or not out[0].startswith("ok "):
         print(f"  import check FAILED:\n{result.stdout.strip()}\n{result.stderr.strip()[-3000:]}")
@@ -331,8 +337,9 @@ def build_plugin_wheel(dest: Path, tmp: Path) -> None:
     src = tmp / "plugin-src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     shutil.copytree(REPO / "sgl_adaspec", src / "sgl_adaspec", ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, src / name)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):  # what pyproject.toml names
+        if (REPO / name).exists():
+            shutil.copy2(REPO / name, src / name)
     cmd = [
         sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
         "--no-build-isolation", str(src), "-w", str(dest),
@@ -343,7 +350,7 @@ def build_plugin_wheel(dest: Path, tmp: Path) -> None:
 
 
 def smollm2_note() -> str:
-    """SmolLM2 stays behind (hundreds of MB); say how big the prepared folder is, if there is one."""
+    """SmolLM2 stays behind (hundreds of MB); says how big its prepared folder is, if any."""
     from sgl_adaspec.models.smollm2 import FOLDER_NAME, MARKER, MARKER_VERSION
     from sgl_adaspec.models.tiny import default_cache_dir
 
@@ -366,10 +373,11 @@ def pack_models(dest: Path) -> None:
 def write_install_sh(out: Path) -> None:
     script = f"""\
         #!/usr/bin/env bash
-        # On the lent GPU machine: eval "$(bash .gpu-kit/install.sh)" installs the kit and sets PYTHONPATH.
+        # On the lent GPU machine: eval "$(bash .gpu-kit/install.sh)" installs, sets PYTHONPATH.
         set -euo pipefail
         cd "$(dirname "$0")"
-        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site wheels/*.whl >&2
+        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \\
+          --target /tmp/site wheels/*.whl >&2
         tar -xJf {SGLANG_TAR} -C /tmp/site
         mkdir -p /tmp/models && tar -xJf {MODELS_TAR} -C /tmp/models
         echo "export PYTHONPATH=/tmp/site"
@@ -388,7 +396,8 @@ def summarize(out: Path) -> tuple[int, list[tuple[int, str]]]:
     for size, name in sizes:
         print(f"{name:<{width}}  {size:>10}  {size / 2**20:>6.2f}")
     total = sum(size for size, _ in sizes)
-    print(f"{'total':<{width}}  {total:>10}  {total / 2**20:>6.2f}  (limit {LIMIT_BYTES / 2**20:.0f} MiB)")
+    limit = f"(limit {LIMIT_BYTES / 2**20:.0f} MiB)"
+    print(f"{'total':<{width}}  {total:>10}  {total / 2**20:>6.2f}  {limit}")
     return total, sorted(sizes, reverse=True)
 
 
@@ -408,8 +417,9 @@ def main() -> int:
 
         print("[2] wheels SGLang imports that the image lacks (cp312 manylinux x86_64)")
         carry = select_wheels(pins)
-        carried = {name for name, version in carry.items() if download_wheel(name, version, out / "wheels")}
-        for problem in unmet_requirements(out / "wheels", carried):
+        wheels = out / "wheels"
+        carried = {name for name, pin in carry.items() if download_wheel(name, pin, wheels)}
+        for problem in unmet_requirements(wheels, carried):
             print(f"  unmet: {problem}")
 
         if not args.no_check:
@@ -417,10 +427,11 @@ def main() -> int:
             hidden -= carried | {norm(n) for n in IMAGE_PACKAGES} | {"sgl-adaspec"}
             if not check_tree_imports(tree, shadow_site(tmp, hidden)):
                 return 1
+        # sglang/ and its dist-info: the plugin reads SGLang's version from the latter.
         pack_tree(tree, sorted(p.name for p in tree.iterdir()), out / SGLANG_TAR)
 
         print("[3] the plugin's wheel")
-        build_plugin_wheel(out / "wheels", tmp)
+        build_plugin_wheel(wheels, tmp)
     print("[4] models")
     print(f"  {smollm2_note()}")
     pack_models(out / MODELS_TAR)
