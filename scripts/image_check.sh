@@ -67,7 +67,7 @@ echo "built in $(( $(date +%s) - start )) s; size: $("${podman[@]}" image inspec
 
 step "start it with SmolLM2-135M-Instruct and its EAGLE draft mounted"
 target="$("$python" -m sgl_adaspec.models.smollm2)"
-draft="$repo/models/smollm2-135m-eagle"
+draft="$repo/sgl_adaspec/data/smollm2-135m-eagle"
 "${podman[@]}" run -d --name "$name" --network host "${run_flags[@]}" \
   -v "$target:/models/target:ro" -v "$draft:/models/draft:ro" "$image" \
   --port "$port" --model-path /models/target \

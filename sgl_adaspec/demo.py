@@ -4,7 +4,7 @@ print what each got.
     python -m sgl_adaspec.demo [--tiny] [--keep-logs]
 
 It serves SmolLM2-135M-Instruct (prepared from its PyPI wheel) with the project's trained EAGLE
-draft (`models/smollm2-135m-eagle/`), or with `--tiny` the tiny random test models. It starts
+draft (`sgl_adaspec/data/smollm2-135m-eagle/`), or with `--tiny` the tiny random test models. It starts
 two real SGLang servers on 127.0.0.1 (CPU) side by side, each sleeping when idle: one without
 speculation and one with adaserve. After a warm-up batch on each it alternates: the baseline
 TPOT without speculation at the demo's load (every class's prompt, concurrently), then one
@@ -35,14 +35,14 @@ from statistics import median
 import requests
 
 from sgl_adaspec.models.smollm2 import prepare_smollm2
+from sgl_adaspec.data import SMOLLM2_EAGLE_DRAFT
 from sgl_adaspec.local_server.client import stream_generate
 from sgl_adaspec.models.tiny import ensure_models
 from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 from sgl_adaspec.speculative.metrics import verified_per_iteration
 from sgl_adaspec.local_server.launch import Server, eagle_flags
 
-REPO = Path(__file__).resolve().parent.parent
-SMOLLM2_DRAFT = REPO / "models" / "smollm2-135m-eagle"
+SMOLLM2_DRAFT = SMOLLM2_EAGLE_DRAFT
 PROMPTS = {
     "coding": "def merge_sorted(a, b):",
     "chat": "How do I read a file line by line?",

@@ -191,3 +191,21 @@ def test_torchvision_placeholder_serves_sglang_only():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_plugin_lists_its_flags_itself():
+    """`sglang serve --help` prints before plugins load; `python -m sgl_adaspec --help` lists
+    every flag the launcher accepts from the plugin."""
+    import argparse
+
+    from sgl_adaspec import cli
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "sgl_adaspec", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    parser = argparse.ArgumentParser()
+    cli.add_cli_args(None, parser)
+    flags = {option for action in parser._actions for option in action.option_strings}
+    assert {"--spec-policy", "--adaserve-budget", "--tetris-extra"} <= flags
+    assert all(flag in shown.stdout for flag in flags)

@@ -277,3 +277,40 @@ def test_a_new_config_field_gets_an_option_a_check_and_the_carrier(toy, monkeypa
         cli.check_compatible(config, server_args)
     built = build_policy(dataclasses.replace(config, baseline_tpot_ms=4.0))
     assert isinstance(built, ToyPolicy) and built.config.baseline_tpot_ms == 4.0
+
+
+def test_sglangs_config_file_carries_the_plugins_keys(tmp_path):
+    """SGLang's own `--config` YAML takes the plugin's flags as keys, the SLO classes of
+    configs/ among them."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    classes = Path(__file__).resolve().parents[1] / "configs" / "slo_classes_cpu_tiny.yaml"
+    config = tmp_path / "server.yaml"
+    config.write_text(
+        "model-path: /nonexistent/model\nspeculative-algorithm: EAGLE\n"
+        "speculative-draft-model-path: /nonexistent/draft\nspec-policy: adaserve\n"
+        f"slo-config: {classes}\nadaserve-budget: 24\n"
+    )
+    parse = (
+        "import json\n"
+        "from sglang.srt.plugins import load_plugins\n"
+        "from sglang.srt.server_args import prepare_server_args\n"
+        "from sgl_adaspec.config import AdaspecConfig\n"
+        "load_plugins()\n"
+        f"prepare_server_args(['--config', {str(config)!r}])\n"
+        "c = AdaspecConfig.from_env()\n"
+        "print(json.dumps({'policy': c.spec_policy, 'budget': c.policy_config.budget,\n"
+        "    'coding_ms': c.load_slo_config().classes['coding'].tpot_ms}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ADASPEC_CONFIG"}
+    result = subprocess.run(
+        [sys.executable, "-c", parse], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == {
+        "policy": "adaserve", "budget": 24, "coding_ms": 30,
+    }  # fmt: skip

@@ -26,12 +26,11 @@ from pathlib import Path
 
 from sgl_adaspec.cli import check_policy_shape
 from sgl_adaspec.config import ConfigError
-from sgl_adaspec.data import SPEC_BENCH_QUESTIONS
+from sgl_adaspec.data import SMOLLM2_EAGLE_DRAFT, SPEC_BENCH_QUESTIONS
 from sgl_adaspec.flags import comma_floats
 from sgl_adaspec.local_server.launch import CPU_FLAGS, Server, eagle_flags
 from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 
-REPO = Path(__file__).resolve().parents[2]
 DATASETS = ("random-ids", "spec-bench")
 # SGLang's result fields shown in the table, with their column titles.
 COLUMNS = (
@@ -181,7 +180,7 @@ def report(bench: ServingBench, results: dict[tuple[str, str, float], dict]) -> 
 def parse_args(argv: list[str] | None = None) -> ServingBench:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", type=Path, help="target (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--draft", type=Path, default=REPO / "models" / "smollm2-135m-eagle")
+    p.add_argument("--draft", type=Path, default=SMOLLM2_EAGLE_DRAFT)
     p.add_argument("--device", default="cpu", help="cpu (the CPU recipe) or e.g. cuda")
     p.add_argument("--spec-steps", type=int, default=4)
     p.add_argument("--spec-topk", type=int, default=2)

@@ -51,9 +51,9 @@ from sgl_adaspec.models.eagle_data import (
 from sgl_adaspec.models.eagle_draft import WEIGHTS_FILE, DraftShape, EagleDraft, export_draft
 from sgl_adaspec.models.smollm2 import prepare_smollm2
 from sgl_adaspec.models.tiny import default_cache_dir
+from sgl_adaspec.data import SMOLLM2_EAGLE_DRAFT
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_EXPORT = REPO / "models" / "smollm2-135m-eagle"
+DEFAULT_EXPORT = SMOLLM2_EAGLE_DRAFT
 PLAN_VERSION = "eagle-plan/1"
 EVAL_MAX_NEW = 128
 GEN_MAX_NEW = 256

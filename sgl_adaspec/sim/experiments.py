@@ -9,6 +9,8 @@ makespan (first arrival to last finish), in tokens per second.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import json
 import math
 import time
@@ -180,6 +182,21 @@ class SweepSetup:
         return runs
 
 
+@contextlib.contextmanager
+def progress_bar(total: int, what: str):
+    """A `progress` callback for the runs: one line per finished point, under a bar on a
+    terminal (tqdm, on stderr; none where stderr is not a terminal)."""
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=what, unit="point", file=sys.stderr, disable=None) as bar:
+
+        def progress(line: str) -> None:
+            bar.write(line, file=sys.stdout)
+            bar.update(1)
+
+        yield progress
+
+
 def run_rps_sweep(config: SweepConfig, progress=print) -> dict:
     setup = SweepSetup.of(config)
     latency, acceptance, slo_config = setup.latency, setup.acceptance, setup.slo_config
@@ -296,7 +313,8 @@ def describe(sweep: dict) -> str:
 def rps_sweep_main(config: SweepConfig) -> dict:
     """Run the sweep, print the header and table, write JSON and PNG, print the peak ratio last."""
     started = time.perf_counter()
-    sweep = run_rps_sweep(config)
+    with progress_bar(len(config.rates_rps) * len(config.policies), "sweep") as progress:
+        sweep = run_rps_sweep(config, progress)
     sweep["wall_s"] = time.perf_counter() - started
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -357,7 +375,8 @@ def run_trace(config: SweepConfig, progress=print) -> dict:
 
 def trace_main(config: SweepConfig) -> dict:
     """Run the trace experiment, print the table and per-class attainment, the gap last."""
-    result = run_trace(config)
+    with progress_bar(len(config.policies), "trace") as progress:
+        result = run_trace(config, progress)
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = Path(config.trace).stem

@@ -48,9 +48,16 @@ class PrometheusSink:
             f"{PREFIX}requests_slo_met", "Finished requests that met their TPOT SLO",
             [*rank, "slo_class"],
         )  # fmt: skip
+        # In seconds, as SGLang's own sglang:request_time_per_output_token_seconds; the series
+        # in ms stays for one release (deprecated: docker/prometheus/rules.yml still reads it).
+        self.tpot_seconds = Histogram(
+            f"{PREFIX}request_time_per_output_token_seconds",
+            "Mean time per output token of finished requests (s)", [*rank, "slo_class"],
+            buckets=tuple(ms / 1000 for ms in TPOT_BUCKETS_MS),
+        )  # fmt: skip
         self.tpot = Histogram(
-            f"{PREFIX}request_tpot_ms", "Mean TPOT of finished requests (ms)", [*rank, "slo_class"],
-            buckets=TPOT_BUCKETS_MS,
+            f"{PREFIX}request_tpot_ms", "Deprecated: request_time_per_output_token_seconds (ms)",
+            [*rank, "slo_class"], buckets=TPOT_BUCKETS_MS,
         )  # fmt: skip
         self.verified = Histogram(
             f"{PREFIX}verified_tokens_per_iteration",
@@ -127,3 +134,4 @@ class PrometheusSink:
         if met:
             met_counter.inc()
         self._of(self.tpot, slo_class).observe(tpot_ms)
+        self._of(self.tpot_seconds, slo_class).observe(tpot_ms / 1000)

@@ -58,7 +58,10 @@ def test_compare_reads_the_h100_measurement_against_a_preset(capsys):
     shapes = json.loads(data.read_text())["shapes"]
     num_points = len(shapes["llama-3.1-8b"]["points"]) + len(shapes["eagle-llama-3.1-8b"]["points"])
     assert len(lines) == num_points + 2
-    # The measured preset leaves one 8192-token prompt's quadratic attention out, and only it.
-    ratios = sorted(float(line.rsplit(" ", 1)[1]) for line in lines[:-2])
-    assert ratios[0] == pytest.approx(0.83, abs=0.01) and ratios[1] > 0.94
-    assert lines[-1].startswith("h100-llama8b-measured_over_measured_min=0.8")
+    # The measured preset leaves a prompt's quadratic attention out: it underestimates the
+    # 8192-token prompt, and only it, by more than 6 %; every point within 10 % above.
+    ratio = {line.split(" measured")[0]: float(line.rsplit(" ", 1)[1]) for line in lines[:-2]}
+    low = {point: r for point, r in ratio.items() if r < 0.94}
+    assert list(low) == [point for point in ratio if "q=8192" in point] and len(low) == 1
+    assert all(r <= 1.1 for r in ratio.values())
+    assert lines[-1] == f"h100-llama8b-measured_over_measured_min={min(ratio.values()):.3f}"

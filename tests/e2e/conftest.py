@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from sgl_adaspec.local_server.launch import Server, eagle_flags
 
@@ -12,6 +14,26 @@ from sgl_adaspec.local_server.launch import Server, eagle_flags
 def start(tmp_path_factory, name: str, model: Path, *extra: str, env=None) -> Server:
     log = tmp_path_factory.mktemp(name) / "server.log"
     return Server(model, extra_args=tuple(extra), env=env or {}, log_path=log).start()
+
+
+def wait_until(read, done, what: str, deadline_s: float = 120.0):
+    """`read()` polled until `done(value)`; that value. Tests wait on what the server reports,
+    never on a sleep of a guessed length."""
+    end = time.monotonic() + deadline_s
+    while True:
+        value = read()
+        if done(value):
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"{what} not seen in {deadline_s} s; last: {value}")
+        time.sleep(0.1)
+
+
+def scheduler_load(url: str) -> dict:
+    """SGLang's own count of running and waiting requests (`/v1/loads`)."""
+    return requests.get(f"{url}/v1/loads", params={"include": "core"}, timeout=60).json()[
+        "loads"
+    ][0]
 
 
 def metric_values(text: str) -> dict[str, float]:

@@ -113,6 +113,10 @@ def test_prometheus_metrics_carry_slo_class_labels(adaserve_outputs):
     assert lines['sglang_adaspec:requests_slo_met_total{slo_class="chat"}'] == 0
     assert lines['sglang_adaspec:iteration_shape{parameter="budget"}'] == 8
     assert lines["sglang_adaspec:verified_tokens_per_iteration_count"] >= 10
+    # TPOT in seconds as SGLang's own histogram, the deprecated ms one beside it.
+    seconds = 'sglang_adaspec:request_time_per_output_token_seconds_sum{slo_class="custom"}'
+    millis = 'sglang_adaspec:request_tpot_ms_sum{slo_class="custom"}'
+    assert lines[seconds] == pytest.approx(lines[millis] / 1000)
 
 
 def test_budget_comes_from_the_startup_verify_cost_profile(eagle_server):

@@ -11,12 +11,11 @@ import requests
 
 from sgl_adaspec.local_server.launch import eagle_flags
 
-from .conftest import start
+from .conftest import scheduler_load, start, wait_until
 
 
 def finish_order(url: str) -> list[str]:
-    def send(name: str, custom_params: dict, delay_s: float, max_new_tokens: int):
-        time.sleep(delay_s)
+    def send(name: str, custom_params: dict, max_new_tokens: int):
         body = {
             "text": f"# request {name}\ndef f(x):",
             "sampling_params": {
@@ -27,16 +26,22 @@ def finish_order(url: str) -> list[str]:
         requests.post(f"{url}/generate", json=body, timeout=300).raise_for_status()
         return name, time.perf_counter()
 
-    # Arrivals far enough apart to keep their order on a loaded machine; be1 runs long enough
-    # that all the others queue behind it even on a fast host without speculation (160 tokens
-    # took 1.16 s here, too close to the urgent arrival at 1.0 s; 400 take ~2.9 s at that rate,
-    # and much longer with speculation on this tiny random pair).
+    # One request runs at a time: be1 runs while each later one joins the queue, and each is
+    # sent once the server reports the one before it queued, so the arrival order is known.
     jobs = [
-        ("be1", {}, 0.0, 400), ("be2", {}, 0.25, 48), ("be3", {}, 0.5, 48),
-        ("urgent", {"ttft_slo_ms": 50}, 1.0, 48),
+        ("be1", {}, 400), ("be2", {}, 48), ("be3", {}, 48), ("urgent", {"ttft_slo_ms": 50}, 48),
     ]  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-        done = list(pool.map(lambda job: send(*job), jobs))
+        futures = []
+        for queued, job in enumerate(jobs):
+            futures.append(pool.submit(send, *job))
+            wait_until(
+                lambda: scheduler_load(url),
+                lambda load, queued=queued: load["num_running_reqs"] == 1
+                and load["num_waiting_reqs"] == queued,
+                f"{job[0]} queued behind be1",
+            )
+        done = [future.result() for future in futures]
     return [name for name, _ in sorted(done, key=lambda item: item[1])]
 
 

@@ -32,7 +32,7 @@ def controller_cpu_seconds(launcher_pid: int, idle_s: float) -> float:
     return sum(controller.cpu_times()[:2]) - before
 
 
-@pytest.mark.slow  # ~85 s; the default tier keeps the TP case (test_tensor_parallel_e2e.py)
+@pytest.mark.slow  # ~85 s
 def test_two_replicas_dispatched_by_slo(models, tmp_path_factory, bigram_pair_reference):
     server = start(
         tmp_path_factory, "dp2-slo", models.bigram_target,

@@ -72,9 +72,9 @@ def test_replayed_drafts_are_decided_as_eager_ones(models, tmp_path_factory):
     assert len(_what_was_decided(replayed_lines)) >= 2 * MAX_NEW_TOKENS // 5
 
 
-# adaserve in the default tier; the others in the slow tier (a server start each), without
+# In the slow tier (a server start each); all but adaserve without
 # tiers, so that every draft is the configured tree's graph replay (chain tiers draft eagerly).
-POLICIES = (("adaserve",),) + tuple(
+POLICIES = (pytest.param(("adaserve",), marks=pytest.mark.slow),) + tuple(
     pytest.param((*args, "--draft-tiers", "off"), marks=pytest.mark.slow)
     for args in (("adaspec", "--adaspec-min-depth", "3"), ("tetris",), ("faser",), ("dropin",))
 )

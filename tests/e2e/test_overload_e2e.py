@@ -4,13 +4,12 @@ queue limit), the server keeps serving, and the KV pool is empty after the drain
 from __future__ import annotations
 
 import importlib.util
-import time
 from pathlib import Path
 
 import pytest
 from sgl_adaspec.local_server.burst import burst, kv_tokens_used
 
-from .conftest import start
+from .conftest import start, wait_until
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "overload.py"
 
@@ -28,8 +27,9 @@ def test_burst_is_answered_and_drains_to_an_empty_kv_pool(models, tmp_path_facto
     server = start(tmp_path_factory, "overload", models.target, *flags)
     try:
         result = burst(server.url, 60)
-        time.sleep(2.0)
-        kv_tokens = kv_tokens_used(server.url)
+        kv_tokens = wait_until(
+            lambda: kv_tokens_used(server.url), lambda used: used == 0, "the KV pool drained"
+        )
         after = server.generate("def g(y):", 8)
     finally:
         server.stop()

@@ -132,7 +132,7 @@ def test_adaserve_commits_drafts_where_the_draft_is_right(
     # at least until the gain is known; that extend skips the draft's lm_head, and the draft
     # that follows computes the top-k first (`deferred_topk`). The outputs stay
     # token-identical across the switches.
-    # A CI run once saw 4 speculative iterations commit 1.0 token per verify here (2026-12-03;
+    # A CI run once saw 4 speculative iterations commit 1.0 token per verify here (it was
     # not reproduced alone): the decision log says why each iteration ran as it did.
     log = tmp_path_factory.mktemp("decisions") / "adaserve-bigram.jsonl"
     outputs, state = run_policy(

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from sgl_adaspec.data import SMOLLM2_EAGLE_DRAFT
 from sgl_adaspec.models.smollm2 import prepare_smollm2
 from sgl_adaspec.local_server.launch import Server, eagle_flags
 
-REPO = Path(__file__).resolve().parents[2]
-DRAFT = REPO / "models" / "smollm2-135m-eagle"
+DRAFT = SMOLLM2_EAGLE_DRAFT
 MAX_NEW = 48
 QUESTIONS = (
     "What are three tips for staying healthy?",
@@ -73,7 +73,7 @@ def test_greedy_outputs_equal_with_and_without_the_trained_draft(
     completion = sum(r["meta_info"]["completion_tokens"] for r in got)
     verify = sum(r["meta_info"]["spec_verify_ct"] for r in got)
     # A draft that SGLang fed differently from training would be accepted ~never (1.0); the
-    # committed early checkpoint gives about 1.2 (see models/smollm2-135m-eagle/README.md).
+    # committed early checkpoint gives about 1.2 (see sgl_adaspec/data/smollm2-135m-eagle/README.md).
     assert completion / verify > 1.1
 
 

@@ -117,11 +117,12 @@ def test_burst_at_time_zero_speculation_slower_without_acceptance_per_request():
         assert (spec.tpot_ms >= plain.tpot_ms).all(), policy
 
 
-def test_adaserve_serves_the_tight_class_better_than_static_under_mixed_load():
-    workload = _workload("a100x4-llama70b", 7.0, 200, seed=3)
+@pytest.mark.parametrize("seed", [0, 3])  # seeds 0-4 give a coding gap of 0.47 to 0.66
+def test_adaserve_serves_the_tight_class_better_than_static_under_mixed_load(seed):
+    workload = _workload("a100x4-llama70b", 7.0, 200, seed=seed)
     coding = workload.class_index == workload.class_names.index("coding")
-    static = _run("a100x4-llama70b", workload, "static", seed=3)
-    adaserve = _run("a100x4-llama70b", workload, "adaserve", seed=3)
+    static = _run("a100x4-llama70b", workload, "static", seed=seed)
+    adaserve = _run("a100x4-llama70b", workload, "adaserve", seed=seed)
     assert adaserve.met[coding].mean() > static.met[coding].mean() + 0.2
     assert adaserve.met.mean() > static.met.mean()
 

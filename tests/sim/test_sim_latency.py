@@ -56,12 +56,13 @@ def test_gpu_verify_curves_have_a_knee_between_64_and_512_tokens():
         assert 64 <= knee_budget(model.verify_profile()) <= 512
 
 
-def test_cpu_tiny_reproduces_the_measured_profile():
+def test_cpu_tiny_has_a_knee_inside_its_profile():
     model = get_preset("cpu-tiny")
-    measured = {8: 1.28, 16: 1.31, 32: 1.47, 64: 2.10}
-    for tokens, latency_ms in measured.items():
-        assert model.verify_ms(tokens, 512) == pytest.approx(latency_ms)
-    assert knee_budget(model.verify_profile(max_requests=8)) == 32  # as the server chose
+    profile = model.verify_profile(max_requests=8)
+    costs = [model.verify_ms(tokens, 512) for tokens in profile.tokens]
+    assert costs == sorted(costs) and costs[-1] > costs[0]  # more tokens never cost less
+    # A CPU bends early: the knee lies strictly inside the profiled range.
+    assert profile.tokens[0] < knee_budget(profile) < profile.tokens[-1]
 
 
 def test_table_interpolates_and_extrapolates():

@@ -61,8 +61,19 @@ class TorchTreeAttnBackend(TorchNativeAttnBackend):
     tree_mask_mode = TreeMaskMode.FULL_MASK
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
-        # Prefix length of padded / dummy rows (SGLang's dummy forwards use it; no graphs here).
+        # Prefix length of padded / dummy rows (SGLang's dummy forwards and graph runners).
         return 1
+
+    # SGLang's graph runner contract (`graph_emulation`): the forward reads the batch's
+    # metadata when it runs, so there is nothing to plan before or inside a captured region.
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        pass
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        pass
+
+    def init_forward_metadata_in_graph(self, forward_batch) -> None:
+        pass
 
     def _write_kv(self, layer: RadixAttention, forward_batch: ForwardBatch, k, v) -> None:
         if k is not None and v is not None:
@@ -179,7 +190,7 @@ class TorchTreeAttnBackend(TorchNativeAttnBackend):
         extend_lens = _as_list(forward_batch.extend_seq_lens)
         start = 0
         for b, (seq_len, num_new) in enumerate(zip(seq_lens, extend_lens)):
-            prefix_len = seq_len - num_new
+            prefix_len = max(seq_len - num_new, 0)  # a graph's padded rows hold too few
             rows = slice(start, start + num_new)
             slots = torch.cat(
                 [

@@ -133,21 +133,22 @@ def _cpu_capture_context() -> Iterator[None]:
     """SGLang's capture loop with its CUDA stream and graph backend replaced for the CPU."""
     from sglang.srt.model_executor.runner import decode_cuda_graph_runner as decode
     from sglang.srt.speculative import eagle_draft_cuda_graph_runner as draft
+    from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as extend
 
     @contextlib.contextmanager
     def graph_capture(stream=None):
         yield SimpleNamespace(stream=stream)
 
     saved = (decode.graph_capture, decode.get_or_create_global_graph_capture_stream)
-    saved_backend = draft.resolve_decode_backend
+    saved_backends = (draft.resolve_decode_backend, extend.resolve_decode_backend)
     decode.graph_capture = graph_capture
     decode.get_or_create_global_graph_capture_stream = lambda: None
-    draft.resolve_decode_backend = EmulatedGraphBackend
+    draft.resolve_decode_backend = extend.resolve_decode_backend = EmulatedGraphBackend
     try:
         yield
     finally:
         decode.graph_capture, decode.get_or_create_global_graph_capture_stream = saved
-        draft.resolve_decode_backend = saved_backend
+        draft.resolve_decode_backend, extend.resolve_decode_backend = saved_backends
 
 
 def emulated_draft_runner(draft_worker):
@@ -157,6 +158,17 @@ def emulated_draft_runner(draft_worker):
 
     with _cpu_capture_context():
         return EAGLEDraftCudaGraphRunner(draft_worker)
+
+
+def emulated_extend_runner(draft_worker):
+    """SGLang's `EAGLEDraftExtendCudaGraphRunner` for `draft_worker`, built on CPU with
+    emulated graphs (SGLang builds it on CUDA for its graph-capable attention backends)."""
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
+        EAGLEDraftExtendCudaGraphRunner,
+    )
+
+    with _cpu_capture_context():
+        return EAGLEDraftExtendCudaGraphRunner(draft_worker)
 
 
 def capture_cuda_graphs(original: Callable, draft_worker, *args, **kwargs):
@@ -179,5 +191,17 @@ def capture_cuda_graphs(original: Callable, draft_worker, *args, **kwargs):
             "sgl_adaspec: emulated draft graphs (depth %d, width %d): %d captured, batch sizes %s",
             draft_worker.speculative_num_steps, draft_worker.topk, runner.backend.num_graphs,
             runner.capture_bs,
+        )  # fmt: skip
+    if (
+        emulation_on()
+        and on_generic_cpu(draft_worker.device)
+        and draft_worker.cuda_graph_runner_for_draft_extend is None
+        and draft_worker.draft_extend_attn_backend is not None
+    ):
+        runner = emulated_extend_runner(draft_worker)
+        draft_worker.cuda_graph_runner_for_draft_extend = runner
+        logger.info(
+            "sgl_adaspec: emulated draft extend graphs (%d tokens a request): %d captured",
+            draft_worker.speculative_num_draft_tokens, runner.backend.num_graphs,
         )  # fmt: skip
     return result
