@@ -95,6 +95,9 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{SRT}.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner."
          "_replay_graph", f"{SPEC}:replayed_draft", "around",
          "right after a draft replay: reads the graph's DraftOutputs.path_prob, copies it out"),
+    Hook(f"{SRT}.speculative.eagle_draft_extend_cuda_graph_runner."
+         "EAGLEDraftExtendCudaGraphRunner._replay_graph", f"{SPEC}:replayed_draft_extend",
+         "around", "right after a draft extend replay: counts it"),
     Hook(f"{WORKER}.verify", f"{SPEC}:verify", "around",
          "decides and prunes the tree before SGLang's verify (and its graph) runs"),
     Hook(f"{SRT}.managers.tp_worker.TpModelWorker.forward_batch_generation",

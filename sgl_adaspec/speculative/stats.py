@@ -58,6 +58,7 @@ class SpecStats:
     graph_drafts: int = 0  # drafts replayed from a captured graph (CUDA)
     decided_drafts: int = 0  # drafts whose verify the policy decided (the others: full tree)
     ragged_verifies: int = 0  # verify forwards of the kept nodes only (the torch backend's)
+    extend_graph_replays: int = 0  # draft extends after a draft, replayed from a captured graph
     # Requests with the plugin's SLO state whose finish (or abort) is not yet reported.
     open_requests: int = 0
     # The (depth, width) tiers built at start-up (`sglang.tier_states`), steps 0 included, and
@@ -136,14 +137,16 @@ class SpecStats:
         replayed: bool = False,
         decided: bool = False,
         ragged: bool = False,
+        extend_replayed: bool = False,
     ) -> None:
         """One draft of (depth, width) over `rows` draft rows; `replayed`: from a CUDA graph;
         `decided`: the policy chose what of it was verified; `ragged`: the verify forward ran
-        on those nodes only."""
+        on those nodes only; `extend_replayed`: the draft extend after it was a graph replay."""
         self.drafts += 1
         self.graph_drafts += replayed
         self.decided_drafts += decided
         self.ragged_verifies += ragged
+        self.extend_graph_replays += extend_replayed
         self.draft_rows += rows
         self.last_draft_depth, self.last_draft_width = depth, width
         key = f"{depth}x{width}"
@@ -222,6 +225,7 @@ class SpecStats:
             "draft_graph_replays": self.graph_drafts,
             "decided_drafts": self.decided_drafts,
             "ragged_verifies": self.ragged_verifies,
+            "extend_graph_replays": self.extend_graph_replays,
             "open_requests": self.open_requests,
             "draft_iterations_by_shape": dict(sorted(self.draft_iterations_by_shape.items())),
             "exit_tested_tokens": self.exit_tested_tokens,

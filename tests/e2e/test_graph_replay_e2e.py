@@ -66,6 +66,9 @@ def test_replayed_drafts_are_decided_as_eager_ones(models, tmp_path_factory):
     # Every draft ran as a replay of its captured graph, and every one was decided.
     assert stats["drafts"] > 0 and stats["draft_graph_replays"] == stats["drafts"], stats
     assert stats["decided_drafts"] >= 0.95 * stats["drafts"], stats
+    # Every draft extend after a draft ran as a replay of its captured graph too.
+    assert stats["extend_graph_replays"] == stats["drafts"], stats
+    assert eager_stats["extend_graph_replays"] == 0
     # The same iterations, node for node: shapes, what each request verified (with the path
     # probability of each verified node) and what it committed.
     assert _what_was_decided(replayed_lines) == _what_was_decided(eager_lines)

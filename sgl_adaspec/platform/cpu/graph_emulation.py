@@ -1,11 +1,12 @@
-"""CUDA graph capture and replay emulated on CPU, under SGLang's own draft graph runner.
+"""CUDA graph capture and replay emulated on CPU, under SGLang's own draft graph runners.
 
-On a GPU SGLang replays the EAGLE draft from graphs captured at start-up
-(`EAGLEDraftCudaGraphRunner`): Python inside the captured callable runs once, at capture; a
-replay repeats only the captured kernels, which write into the tensors that existed at capture.
-With `ADASPEC_EMULATE_GRAPHS=1` on `--device cpu`, SGLang's runner class is built as on CUDA,
-with `EmulatedGraphBackend` in place of its CUDA graph backend. A replay runs the captured
-callable again over the runner's static input buffers, but:
+On a GPU SGLang replays the EAGLE draft and its draft extend from graphs captured at start-up
+(`EAGLEDraftCudaGraphRunner`, `EAGLEDraftExtendCudaGraphRunner`): Python inside the captured
+callable runs once, at capture; a replay repeats only the captured kernels, which write into
+the tensors that existed at capture. With `ADASPEC_EMULATE_GRAPHS=1` on `--device cpu`, SGLang's
+runner classes are built as on CUDA, with `EmulatedGraphBackend` in place of its CUDA graph
+backend. A replay runs the captured callable again over the runner's static input buffers, in
+SGLang's forward context of the capture, but:
 - sealed: no plugin iteration scope is reachable inside it (`sealed()`), as at capture, so a
   hook that hands a value over through Python state sees nothing, as on a GPU;
 - the capture-time outputs are what the caller gets: every tensor of the rerun's outputs
@@ -79,7 +80,9 @@ class EmulatedGraphBackend:
 
     def __init__(self, runner) -> None:
         self._runner = runner
-        self._captured: dict[Any, tuple[Callable[[], Any], Any]] = {}
+        # shape key -> (the captured callable, its capture-time output, SGLang's forward
+        # context around the capture: a replay runs in it, as the kernels it baked in do)
+        self._captured: dict[Any, tuple[Callable[[], Any], Any, Any]] = {}
         self.replays = 0
 
     @contextlib.contextmanager
@@ -94,7 +97,7 @@ class EmulatedGraphBackend:
                 post_warmup_hook()
         with _sealed_region():
             output = forward_fn()
-        self._captured[shape_key] = (forward_fn, output)
+        self._captured[shape_key] = (forward_fn, output, _forward_context())
 
     def can_run(self, forward_batch, shape_key) -> bool:
         return shape_key in self._captured
@@ -104,8 +107,8 @@ class EmulatedGraphBackend:
         yield
 
     def replay(self, shape_key, static_forward_batch, **kwargs) -> Any:
-        forward_fn, output = self._captured[shape_key]
-        with _sealed_region():
+        forward_fn, output, context = self._captured[shape_key]
+        with _sealed_region(), _in_forward_context(context):
             rerun = forward_fn()
         captured, fresh = tensors_of(output), tensors_of(rerun)
         if [(t.shape, t.dtype) for t in captured] != [(t.shape, t.dtype) for t in fresh]:
@@ -126,6 +129,23 @@ class EmulatedGraphBackend:
     @property
     def num_graphs(self) -> int:
         return len(self._captured)
+
+
+def _forward_context():
+    from sglang.srt.model_executor import forward_context
+
+    return forward_context.get_forward_context() if forward_context.has_forward_context() else None
+
+
+@contextlib.contextmanager
+def _in_forward_context(context) -> Iterator[None]:
+    from sglang.srt.model_executor import forward_context
+
+    previous = forward_context.set_forward_context(context)
+    try:
+        yield
+    finally:
+        forward_context.set_forward_context(previous)
 
 
 @contextlib.contextmanager
@@ -163,10 +183,15 @@ def emulated_draft_runner(draft_worker):
 def emulated_extend_runner(draft_worker):
     """SGLang's `EAGLEDraftExtendCudaGraphRunner` for `draft_worker`, built on CPU with
     emulated graphs (SGLang builds it on CUDA for its graph-capable attention backends)."""
+    from sglang.srt.model_executor.graph_shared_output import GraphSharedOutput
     from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
         EAGLEDraftExtendCudaGraphRunner,
     )
 
+    runner = draft_worker.draft_runner
+    if runner.graph_shared_output is None:  # SGLang makes none with its decode graphs off
+        rows = runner.max_shared_logits_buffer_rows()
+        runner.graph_shared_output = GraphSharedOutput(device=torch.device("cpu"), max_rows=rows)
     with _cpu_capture_context():
         return EAGLEDraftExtendCudaGraphRunner(draft_worker)
 

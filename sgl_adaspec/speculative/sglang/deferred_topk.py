@@ -43,7 +43,9 @@ def can_defer(draft_worker) -> bool:
 
     model = draft_worker.draft_runner.model
     return (
-        type(model).__name__ in DEFERRABLE_DRAFTS
+        # A graph replay runs the extend it captured, lm_head included: no Python of ours there.
+        draft_worker.cuda_graph_runner_for_draft_extend is None
+        and type(model).__name__ in DEFERRABLE_DRAFTS
         and draft_worker.topk > 1
         and getattr(draft_worker, "hot_token_id", None) is None
         and not get_spec().speculative_use_rejection_sampling

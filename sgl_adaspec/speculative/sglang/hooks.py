@@ -130,6 +130,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         policy.stats.observe_draft(
             depth, width, rows, replayed=not scope.draft_forward_ran,
             decided=scope.decision is not None, ragged=scope.ragged_verify,
+            extend_replayed=scope.extend_replayed,
         )  # fmt: skip
     if scope.verify_ms is not None:
         warm_up = scope.decision is not None and not clock.speculated
@@ -234,6 +235,16 @@ def draft_extend_for_decode(original: Callable, draft_worker, *args, **kwargs):
         return original(draft_worker, *args, **kwargs)
     with extend_width(draft_worker, tiers.configured[1]):
         return original(draft_worker, *args, **kwargs)
+
+
+def replayed_draft_extend(original: Callable, runner, shape_key, forward_batch):
+    """AROUND `EAGLEDraftExtendCudaGraphRunner._replay_graph`: the iteration's draft extend ran
+    as a graph replay (counted; the plugin reads nothing of its outputs)."""
+    out = original(runner, shape_key, forward_batch)
+    scope = current_iteration()
+    if scope is not None:
+        scope.extend_replayed = True
+    return out
 
 
 def organize_draft_results(original: Callable, score_list, token_list, parents_list, num_draft):

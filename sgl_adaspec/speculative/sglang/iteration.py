@@ -38,6 +38,7 @@ class Iteration:
     - deepest_accepted [bs]: each request's deepest accepted candidate node (-1: none), None
       when unknown (`tree.deepest_accepted`);
     - ragged_verify: the verify forward ran on the kept nodes only (`hooks.target_forward`);
+    - extend_replayed: the draft extend ran as a graph replay;
     - one_token_slots_in_row: a one-node verify's KV slots follow each request's prefix in
       its `req_to_token` row (the torch attention backend's check; None: not yet asked)."""
 
@@ -58,6 +59,7 @@ class Iteration:
     deepest_accepted: torch.Tensor | None = None
     one_token_slots_in_row: bool | None = None
     ragged_verify: bool = False
+    extend_replayed: bool = False
 
 
 _ITERATION: contextvars.ContextVar[Iteration | None] = contextvars.ContextVar(
