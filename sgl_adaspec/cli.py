@@ -79,6 +79,15 @@ def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
             f"--faser-early-exit needs --tp 1 (got --tp {tp_size}): the early-exit test reads "
             f"the whole lm_head; drop --faser-early-exit to run faser with tensor parallelism"
         )
+    mode = getattr(server_args, "disaggregation_mode", "null") or "null"
+    if spec.needs_speculation and mode != "null":
+        # The policy plans from iterations it times and prefills it sees; a disaggregated
+        # decode server gets its requests' KV and draft state from another process, untested.
+        raise ConfigError(
+            f"--spec-policy {config.spec_policy} is not supported with --disaggregation-mode "
+            f"{mode} (prefill-decode disaggregation is untested with the plugin); serve with "
+            "--spec-policy static there"
+        )
     check_slo_dispatch(config, server_args)
     steps = getattr(server_args, "speculative_num_steps", None)
     check_steps = getattr(config.policy_config, "check_steps", None)

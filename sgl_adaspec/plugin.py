@@ -85,8 +85,9 @@ def _check_prompt_ids(_result, manager, obj, input_ids, *args, **kwargs) -> None
 async def _slo_from_openai_metadata(original, serving, request, raw_request, *args, **kwargs):
     """AROUND `OpenAIServingBase.handle_request`: a request without `custom_params` takes its
     SLO fields from OpenAI's `metadata` object, which SGLang's request models do not declare
-    (so it is read from the body FastAPI already parsed and cached)."""
-    from sgl_adaspec.scheduler.request_slo import slo_params_of_metadata
+    (so it is read from the body FastAPI already parsed and cached), or else from its SLO
+    headers (`request_slo.SLO_HEADERS`; a bad value: HTTP 400 naming the header)."""
+    from sgl_adaspec.scheduler.request_slo import slo_params_of_metadata, with_header_slo
 
     if hasattr(request, "custom_params") and request.custom_params is None and raw_request:
         try:
@@ -95,4 +96,40 @@ async def _slo_from_openai_metadata(original, serving, request, raw_request, *ar
             body = None
         if isinstance(body, dict):
             request.custom_params = slo_params_of_metadata(body.get("metadata"))
+    if hasattr(request, "custom_params") and raw_request is not None:
+        header_params = _header_slo(raw_request)
+        request.custom_params = with_header_slo(request.custom_params, header_params)
     return await original(serving, request, raw_request, *args, **kwargs)
+
+
+async def _slo_from_generate_headers(original, obj, request, *args, **kwargs):
+    """AROUND `http_server.serve_generate_request`: /generate takes SLO headers too, into each
+    prompt's `custom_params` that states no SLO of its own."""
+    from sgl_adaspec.scheduler.request_slo import with_header_slo
+
+    header_params = _header_slo(request) if request is not None else None
+    if header_params is not None:
+        params = obj.sampling_params
+        if isinstance(params, list):
+            for one in params:
+                one["custom_params"] = with_header_slo(one.get("custom_params"), header_params)
+        else:
+            params = params if params is not None else {}
+            params["custom_params"] = with_header_slo(params.get("custom_params"), header_params)
+            obj.sampling_params = params
+    return await original(obj, request, *args, **kwargs)
+
+
+def _header_slo(raw_request) -> dict | None:
+    """The request's SLO headers as `custom_params`; an HTTP 400 naming a bad one."""
+    from fastapi import HTTPException
+
+    from sgl_adaspec.config import AdaspecConfig
+    from sgl_adaspec.scheduler.request_slo import slo_params_of_headers
+
+    try:
+        return slo_params_of_headers(
+            raw_request.headers, AdaspecConfig.from_env().load_slo_config()
+        )
+    except ValueError as exc:
+        raise HTTPException(status_code=400, detail=str(exc)) from exc

@@ -92,6 +92,10 @@ BAD_FLAGS = [
             [*EAGLE_TREE, "--tp", "2", "--spec-policy", "faser", "--faser-early-exit"],
             "--faser-early-exit needs --tp 1 (got --tp 2)",
         ),
+        (
+            [*EAGLE_TREE, "--disaggregation-mode", "decode", "--spec-policy", "adaserve"],
+            "--spec-policy adaserve is not supported with --disaggregation-mode decode",
+        ),
 ]
 
 # Every bad-flag case through SGLang's own parsing in one interpreter (an SGLang import costs

@@ -66,6 +66,45 @@ def slo_params_of_metadata(metadata) -> dict | None:
     return params or None
 
 
+# Request headers that carry an SLO where a body's fields do not cross a proxy (sglang-router
+# re-serializes bodies and drops `custom_params` on /generate and chat).
+SLO_HEADERS = {"x-slo-tpot-ms": TPOT_FIELD, "x-slo-ttft-ms": TTFT_FIELD, "x-slo-class": CLASS_FIELD}
+
+
+def slo_params_of_headers(headers, config: SloConfig) -> dict | None:
+    """The SLO fields of a request's headers (`SLO_HEADERS`) as `custom_params`, checked; None
+    when it has none. A bad value raises ValueError naming the header."""
+    params = {}
+    for header, field in SLO_HEADERS.items():
+        value = headers.get(header)
+        if value is None:
+            continue
+        if field != CLASS_FIELD:
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"header {header} must be a number of ms, got {value!r}") from None
+        params[field] = value
+    if not params:
+        return None
+    try:
+        parse_request_slo(params, config)
+    except ValueError as exc:
+        raise ValueError(f"headers {', '.join(h for h in SLO_HEADERS if h in headers)}: {exc}")
+    return params
+
+
+def with_header_slo(custom_params, header_params: dict | None):
+    """`custom_params` with the headers' SLO fields where the body states no SLO (the body's
+    SLO wins when both are given)."""
+    if header_params is None or not (custom_params is None or isinstance(custom_params, dict)):
+        return custom_params
+    body = custom_params or {}
+    if any(field in body for field in (TPOT_FIELD, CLASS_FIELD, TTFT_FIELD)):
+        return custom_params
+    return {**body, **header_params}
+
+
 def parse_request_slo(custom_params, config: SloConfig) -> RequestSlo:
     if custom_params is None:
         custom_params = {}

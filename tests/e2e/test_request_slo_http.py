@@ -135,3 +135,51 @@ def test_a_prompt_of_no_tokens_gets_400_and_the_server_keeps_serving(eagle_serve
     assert response.status_code == 400, response.text
     assert "the prompt is empty" in response.text
     assert post(eagle_server, "generate", {"tpot_slo_ms": 40}).status_code == 200
+
+
+def post_with_headers(server, api: str, headers: dict, custom_params=None) -> requests.Response:
+    """A request whose SLO rides in headers (what crosses sglang-router on every endpoint)."""
+    if api == "generate":
+        body = {"text": "def f(x):", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+        if custom_params is not None:
+            body["sampling_params"]["custom_params"] = custom_params
+        return requests.post(f"{server.url}/generate", json=body, headers=headers, timeout=120)
+    body = {"model": "default", "max_tokens": 4, "temperature": 0}
+    if custom_params is not None:
+        body["custom_params"] = custom_params
+    if api == "completions":
+        body["prompt"] = "def f(x):"
+    else:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    return requests.post(f"{server.url}/v1/{api}", json=body, headers=headers, timeout=120)
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize(
+    ("headers", "slo_class"),
+    [({"x-slo-class": "coding"}, "coding"), ({"x-slo-tpot-ms": "45"}, "custom")],
+)
+def test_slo_headers_are_read_on_every_api(eagle_server, api, headers, slo_class):
+    before = finished_in_class(eagle_server, slo_class)
+    assert post_with_headers(eagle_server, api, headers).status_code == 200
+    assert finished_in_class(eagle_server, slo_class) == before + 1
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_the_bodys_slo_wins_over_the_headers(eagle_server, api):
+    before = finished_in_class(eagle_server, "chat")
+    response = post_with_headers(eagle_server, api, {"x-slo-class": "coding"}, {"slo_class": "chat"})
+    assert response.status_code == 200
+    assert finished_in_class(eagle_server, "chat") == before + 1
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize(
+    ("headers", "named"),
+    [({"x-slo-tpot-ms": "fast"}, "x-slo-tpot-ms"), ({"x-slo-class": "platinum"}, "x-slo-class"),
+     ({"x-slo-tpot-ms": "-3"}, "x-slo-tpot-ms")],
+)  # fmt: skip
+def test_a_bad_slo_header_is_a_400_naming_it(eagle_server, api, headers, named):
+    response = post_with_headers(eagle_server, api, headers)
+    assert response.status_code == 400 and named in response.text, response.text
+    assert post_with_headers(eagle_server, api, {}).status_code == 200
