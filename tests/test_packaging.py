@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from wheels import build_wheel
 
-REPO = Path(__file__).resolve().parents[1]
 
 # The launch the README shows, parsed as `python -m sglang.launch_server` parses it (plugins
 # first); what the plugin then holds.
@@ -40,21 +39,7 @@ print(json.dumps({"package": sgl_adaspec.__file__, "version": sgl_adaspec.__vers
 @pytest.fixture(scope="module")
 def unpacked_wheel(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("wheel")
-    source = root / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(REPO / name, source / name)
-    shutil.copytree(
-        REPO / "sgl_adaspec", source / "sgl_adaspec",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-    )  # fmt: skip
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "-q", "-w", str(root / "dist"), str(source)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = (root / "dist").glob("sgl_adaspec-*.whl")
+    wheel = build_wheel(root)
     site = root / "site"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)

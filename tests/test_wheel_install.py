@@ -5,7 +5,6 @@ so its editable install of the plugin is not seen)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -13,27 +12,7 @@ import venv
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def build_wheel(root: Path) -> Path:
-    source = root / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(REPO / name, source / name)
-    shutil.copytree(
-        REPO / "sgl_adaspec", source / "sgl_adaspec",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-    )  # fmt: skip
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "-q", "-w", str(root / "dist"), str(source)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = (root / "dist").glob("sgl_adaspec-*.whl")
-    return wheel
+from wheels import build_wheel
 
 
 def fresh_venv(root: Path) -> Path:

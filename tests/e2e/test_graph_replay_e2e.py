@@ -56,6 +56,7 @@ def _what_was_decided(lines: list[dict]) -> list[tuple]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # two servers, ~1 min; the hook table's guard is in the default tier
 def test_replayed_drafts_are_decided_as_eager_ones(models, tmp_path_factory):
     eager, eager_lines, eager_stats = _decided_run(tmp_path_factory, models, "eager", {})
     replayed, replayed_lines, stats = _decided_run(

@@ -55,17 +55,10 @@ def causal_mask(num_new: int, prefix_len: int, device: torch.device) -> torch.Te
     return cols.unsqueeze(0) <= rows
 
 
-class TorchTreeAttnBackend(TorchNativeAttnBackend):
-    """torch_native plus speculative verify and draft-extend attention (any device)."""
+class GraphMetadataFree:
+    """SGLang's graph runner contract (`graph_emulation`) for backends whose forward reads the
+    batch's metadata when it runs: nothing to plan before or inside a captured region."""
 
-    tree_mask_mode = TreeMaskMode.FULL_MASK
-
-    def get_cuda_graph_seq_len_fill_value(self) -> int:
-        # Prefix length of padded / dummy rows (SGLang's dummy forwards and graph runners).
-        return 1
-
-    # SGLang's graph runner contract (`graph_emulation`): the forward reads the batch's
-    # metadata when it runs, so there is nothing to plan before or inside a captured region.
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         pass
 
@@ -74,6 +67,16 @@ class TorchTreeAttnBackend(TorchNativeAttnBackend):
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
         pass
+
+
+class TorchTreeAttnBackend(GraphMetadataFree, TorchNativeAttnBackend):
+    """torch_native plus speculative verify and draft-extend attention (any device)."""
+
+    tree_mask_mode = TreeMaskMode.FULL_MASK
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        # Prefix length of padded / dummy rows (SGLang's dummy forwards and graph runners).
+        return 1
 
     def _write_kv(self, layer: RadixAttention, forward_batch: ForwardBatch, k, v) -> None:
         if k is not None and v is not None:
@@ -242,7 +245,7 @@ class TorchDraftStepBackend(TorchNativeAttnBackend):
     get_cuda_graph_seq_len_fill_value = TorchTreeAttnBackend.get_cuda_graph_seq_len_fill_value
 
 
-class TorchMultiStepDraftBackend:
+class TorchMultiStepDraftBackend(GraphMetadataFree):
     """The draft's multi-step decode backend for torch_native (mirrors SGLang's per-backend
     `*MultiStepDraftBackend` containers: one backend per draft step but the last)."""
 
@@ -258,17 +261,6 @@ class TorchMultiStepDraftBackend:
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         for backend in self.attn_backends:
             backend.init_forward_metadata(forward_batch)
-
-    # SGLang's graph runner contract (`graph_emulation`): each step reads the batch's metadata
-    # when it runs, so there is nothing to plan before or inside a captured region.
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        pass
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
-        pass
-
-    def init_forward_metadata_in_graph(self, forward_batch) -> None:
-        pass
 
 
 def _as_list(values) -> list[int]:
