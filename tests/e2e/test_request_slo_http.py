@@ -22,7 +22,8 @@ BAD = [
 
 
 def post(
-    server, api: str, custom_params, metadata: dict | None = None, stream: bool = False
+    server, api: str, custom_params, metadata: dict | None = None, stream: bool = False,
+    headers: dict | None = None,
 ) -> requests.Response:
     if api == "generate":
         body = {
@@ -31,7 +32,7 @@ def post(
                 "max_new_tokens": 4, "temperature": 0, "custom_params": custom_params,
             },
         }  # fmt: skip
-        return requests.post(f"{server.url}/generate", json=body, timeout=120)
+        return requests.post(f"{server.url}/generate", json=body, headers=headers, timeout=120)
     body = {
         "model": "default", "max_tokens": 4, "temperature": 0, "custom_params": custom_params,
         "stream": stream,
@@ -42,7 +43,7 @@ def post(
         body["prompt"] = "def f(x):"
     else:
         body["messages"] = [{"role": "user", "content": "hi"}]
-    return requests.post(f"{server.url}/v1/{api}", json=body, timeout=120)
+    return requests.post(f"{server.url}/v1/{api}", json=body, headers=headers, timeout=120)
 
 
 APIS = ["generate", "completions", "chat/completions"]
@@ -138,20 +139,8 @@ def test_a_prompt_of_no_tokens_gets_400_and_the_server_keeps_serving(eagle_serve
 
 
 def post_with_headers(server, api: str, headers: dict, custom_params=None) -> requests.Response:
-    """A request whose SLO rides in headers (what crosses sglang-router on every endpoint)."""
-    if api == "generate":
-        body = {"text": "def f(x):", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
-        if custom_params is not None:
-            body["sampling_params"]["custom_params"] = custom_params
-        return requests.post(f"{server.url}/generate", json=body, headers=headers, timeout=120)
-    body = {"model": "default", "max_tokens": 4, "temperature": 0}
-    if custom_params is not None:
-        body["custom_params"] = custom_params
-    if api == "completions":
-        body["prompt"] = "def f(x):"
-    else:
-        body["messages"] = [{"role": "user", "content": "hi"}]
-    return requests.post(f"{server.url}/v1/{api}", json=body, headers=headers, timeout=120)
+    """A request whose SLO rides in headers (what a header-forwarding gateway passes on)."""
+    return post(server, api, custom_params, headers=headers)
 
 
 @pytest.mark.parametrize("api", APIS)
