@@ -4,6 +4,7 @@ serve at 1 to 64 concurrent requests?
 
     python benchmarks/gpu_check.py [--device cuda|cpu] [--pair smollm2|tiny] [--loads 1,8,32,64]
                                    [--tokens N] [--attention-backend B] [--dtype D]
+                                   [--configs none,static,...]
 
 Configurations, one server at a time on the same target and draft: no speculation, static EAGLE
 (steps 4, topk 4, 8 draft tokens), SGLang's `--speculative-adaptive` (its own steps switch;
@@ -14,7 +15,8 @@ with its draft tiers (`--gpu-draft-tiers on`). Per configuration:
 - per load n (n requests at once, classes coding/chat/summarization in turn, each carrying its
   TPOT SLO from `sgl_adaspec/data/slo_classes.yaml` with the baseline = no speculation's median
   TPOT at that load): output tokens/s and per-class SLO attainment;
-- adaserve's draft iterations per tier and how many were graph replays (`/server_info`).
+- adaserve's draft iterations per tier, how many drafts, draft extends and verifies were graph
+  replays and how many drafts the policy decided (`/server_info`; fails below 95 % decided).
 `--device cpu --pair tiny` runs the same code on the CPU recipe (a smoke test of the script:
 no graphs there). Exit status 1 when an output differs or a graph was captured after start-up.
 Last line: adaserve_tiers_tokens_per_s_over_static_at_max_load=<ratio>.
@@ -124,6 +126,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     parser.add_argument("--attention-backend", default="triton")
     parser.add_argument("--dtype", default="float32", help="float32 keeps greedy comparable")
+    parser.add_argument("--configs", default=None, help="comma-separated subset (default: all)")
     args = parser.parse_args()
     loads = [int(n) for n in args.loads.split(",")]
     target, draft = pair(args.pair)
@@ -131,7 +134,13 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     reference, baseline, failures = None, {}, []
     table: dict[str, dict[int, tuple[float, dict]]] = {}
-    for name, extra in configs(draft).items():
+    chosen = configs(draft)
+    if args.configs:
+        unknown = set(args.configs.split(",")) - set(chosen)
+        if unknown:
+            parser.error(f"--configs: unknown {sorted(unknown)}; choose from {sorted(chosen)}")
+        chosen = {name: chosen[name] for name in args.configs.split(",")}
+    for name, extra in chosen.items():
         server = Server(target, extra, base_flags=flags, log_path=logs / f"{name}.log")
         try:
             server.start()
@@ -172,8 +181,18 @@ def main() -> int:
         if stats is not None:
             line += (
                 f", draft iterations by tier {stats['draft_iterations_by_shape']}, "
-                f"graph replays {stats['draft_graph_replays']}, tiers {stats['draft_tiers']}"
+                f"graph replays {stats['draft_graph_replays']} of {stats['drafts']} drafts "
+                f"(extend {stats['extend_graph_replays']}, verify "
+                f"{stats['verify_graph_replays']}), decided {stats['decided_drafts']}, "
+                f"tiers {stats['draft_tiers']}"
             )
+            adaserve = name.startswith("adaserve")
+            if adaserve and args.device == "cuda" and not stats["draft_graph_replays"]:
+                failures.append(f"{name}: no draft ran as a graph replay")
+            if adaserve and stats["decided_drafts"] < 0.95 * stats["drafts"]:
+                failures.append(
+                    f"{name}: decided {stats['decided_drafts']} of {stats['drafts']} drafts"
+                )
         print(line, flush=True)
     print(f"\ntokens/s (SLO attainment coding/chat/summarization) by load; logs {logs}")
     print(f"{'config':<18}" + "".join(f"{'n=' + str(n):>28}" for n in loads))

@@ -161,6 +161,15 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{DRAFT}._capture_cuda_graphs", "sgl_adaspec.platform.cpu.graph_emulation:"
          "capture_cuda_graphs", "around",
          "ADASPEC_EMULATE_GRAPHS=1: SGLang's draft graph runner on CPU, emulated", cpu_path=True),
+    Hook(f"{SRT}.model_executor.model_runner.ModelRunner.init_cuda_graphs",
+         "sgl_adaspec.platform.cpu.graph_emulation:capture_verify_graphs", "after",
+         "ADASPEC_EMULATE_GRAPHS=1: SGLang's target verify graph runner on CPU, emulated",
+         cpu_path=True),
+    Hook(f"{SRT}.model_executor.forward_batch_info.ForwardMode.is_cpu_graph",
+         "sgl_adaspec.platform.cpu.graph_emulation:target_verify_replays", "around",
+         "ADASPEC_EMULATE_GRAPHS=1: the verify runs as its graph's replay; a branch on the "
+         "forward mode and an environment flag, both fixed at capture", captured=True,
+         cpu_path=True),
 )  # fmt: skip
 
 

@@ -59,6 +59,7 @@ class SpecStats:
     decided_drafts: int = 0  # drafts whose verify the policy decided (the others: full tree)
     ragged_verifies: int = 0  # verify forwards of the kept nodes only (the torch backend's)
     extend_graph_replays: int = 0  # draft extends after a draft, replayed from a captured graph
+    verify_graph_replays: int = 0  # target verifies after a draft, replayed from a captured graph
     # Requests with the plugin's SLO state whose finish (or abort) is not yet reported.
     open_requests: int = 0
     # The (depth, width) tiers built at start-up (`sglang.tier_states`), steps 0 included, and
@@ -138,15 +139,18 @@ class SpecStats:
         decided: bool = False,
         ragged: bool = False,
         extend_replayed: bool = False,
+        verify_replayed: bool = False,
     ) -> None:
         """One draft of (depth, width) over `rows` draft rows; `replayed`: from a CUDA graph;
         `decided`: the policy chose what of it was verified; `ragged`: the verify forward ran
-        on those nodes only; `extend_replayed`: the draft extend after it was a graph replay."""
+        on those nodes only; `extend_replayed` / `verify_replayed`: the draft extend / the target's
+        verify after it was a graph replay."""
         self.drafts += 1
         self.graph_drafts += replayed
         self.decided_drafts += decided
         self.ragged_verifies += ragged
         self.extend_graph_replays += extend_replayed
+        self.verify_graph_replays += verify_replayed
         self.draft_rows += rows
         self.last_draft_depth, self.last_draft_width = depth, width
         key = f"{depth}x{width}"
@@ -226,6 +230,7 @@ class SpecStats:
             "decided_drafts": self.decided_drafts,
             "ragged_verifies": self.ragged_verifies,
             "extend_graph_replays": self.extend_graph_replays,
+            "verify_graph_replays": self.verify_graph_replays,
             "open_requests": self.open_requests,
             "draft_iterations_by_shape": dict(sorted(self.draft_iterations_by_shape.items())),
             "exit_tested_tokens": self.exit_tested_tokens,

@@ -1,7 +1,8 @@
-"""The draft under SGLang's graph runner, replayed as CUDA replays it (`ADASPEC_EMULATE_GRAPHS=1`:
-SGLang's `EAGLEDraftCudaGraphRunner` on CPU, `platform/cpu/graph_emulation.py`). A replay runs
-no plugin Python that hands values over, so a policy decides on replayed drafts only from what
-the graph itself writes: these tests fail if the path probabilities travel any other way."""
+"""The draft, its extend and the target's verify under SGLang's graph runners, replayed as CUDA
+replays them (`ADASPEC_EMULATE_GRAPHS=1`: SGLang's runner classes on CPU,
+`platform/cpu/graph_emulation.py`). A replay runs no plugin Python that hands values over, so a
+policy decides on replayed drafts only from what the graph itself writes: these tests fail if
+the path probabilities travel any other way."""
 
 from __future__ import annotations
 
@@ -67,9 +68,11 @@ def test_replayed_drafts_are_decided_as_eager_ones(models, tmp_path_factory):
     # Every draft ran as a replay of its captured graph, and every one was decided.
     assert stats["drafts"] > 0 and stats["draft_graph_replays"] == stats["drafts"], stats
     assert stats["decided_drafts"] >= 0.95 * stats["drafts"], stats
-    # Every draft extend after a draft ran as a replay of its captured graph too.
+    # Every draft extend and every target verify after a draft ran as a replay of its
+    # captured graph too (the verify on the whole tree, its acceptance restricted).
     assert stats["extend_graph_replays"] == stats["drafts"], stats
-    assert eager_stats["extend_graph_replays"] == 0
+    assert stats["verify_graph_replays"] == stats["drafts"], stats
+    assert eager_stats["extend_graph_replays"] == eager_stats["verify_graph_replays"] == 0
     # The same iterations, node for node: shapes, what each request verified (with the path
     # probability of each verified node) and what it committed.
     assert _what_was_decided(replayed_lines) == _what_was_decided(eager_lines)
@@ -93,5 +96,5 @@ def test_every_policy_is_lossless_on_replayed_drafts(
     )
     assert outputs == random_pair_reference
     stats = state["stats"]
-    assert stats["draft_graph_replays"] > 0, stats
+    assert stats["draft_graph_replays"] > 0 and stats["verify_graph_replays"] > 0, stats
     assert stats["decided_drafts"] >= 0.95 * stats["drafts"], stats

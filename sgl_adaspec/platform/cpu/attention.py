@@ -23,6 +23,7 @@ from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+from sgl_adaspec.platform.cpu.graph_emulation import sealed
 from sgl_adaspec.speculative.sglang.iteration import current_iteration
 
 if TYPE_CHECKING:
@@ -73,6 +74,25 @@ class TorchTreeAttnBackend(GraphMetadataFree, TorchNativeAttnBackend):
     """torch_native plus speculative verify and draft-extend attention (any device)."""
 
     tree_mask_mode = TreeMaskMode.FULL_MASK
+    # The verify graph's tree mask: as SGLang's graph-capable backends keep theirs, a buffer
+    # made before capture, refilled from the live batch before each replay, read inside.
+    _graph_tree_mask: torch.Tensor | None = None
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        ntok = max(max_num_tokens // max(max_bs, 1), 1)
+        context_len = self.req_to_token_pool.req_to_token.shape[1]
+        self._graph_tree_mask = torch.zeros(
+            max_num_tokens * (context_len + ntok), dtype=torch.bool, device=self.device
+        )
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        mask = getattr(forward_batch.spec_info, "custom_mask", None)
+        if (
+            self._graph_tree_mask is not None
+            and forward_batch.forward_mode.is_target_verify()
+            and mask is not None
+        ):
+            self._graph_tree_mask[: mask.numel()].copy_(mask)
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         # Prefix length of padded / dummy rows (SGLang's dummy forwards and graph runners).
@@ -115,7 +135,8 @@ class TorchTreeAttnBackend(GraphMetadataFree, TorchNativeAttnBackend):
         nodes = scope.verify_nodes if scope is not None else None
         if ntok == 1 and nodes is None:  # SGLang's steps-0 iteration: a plain decode
             return self._forward_one_token(q_, out, layer, forward_batch, seq_lens)
-        tree = self._tree_masks(spec_info.custom_mask, seq_lens, ntok)
+        custom_mask = self._graph_tree_mask if sealed() else spec_info.custom_mask
+        tree = self._tree_masks(custom_mask, seq_lens, ntok)
         start = 0
         for b, prefix_len in enumerate(seq_lens):
             count = ntok if nodes is None else int(nodes[b].numel())

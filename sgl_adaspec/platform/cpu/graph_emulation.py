@@ -1,11 +1,11 @@
 """CUDA graph capture and replay emulated on CPU, under SGLang's own draft graph runners.
 
-On a GPU SGLang replays the EAGLE draft and its draft extend from graphs captured at start-up
-(`EAGLEDraftCudaGraphRunner`, `EAGLEDraftExtendCudaGraphRunner`): Python inside the captured
-callable runs once, at capture; a replay repeats only the captured kernels, which write into
-the tensors that existed at capture. With `ADASPEC_EMULATE_GRAPHS=1` on `--device cpu`, SGLang's
-runner classes are built as on CUDA, with `EmulatedGraphBackend` in place of its CUDA graph
-backend. A replay runs the captured callable again over the runner's static input buffers, in
+On a GPU SGLang replays the EAGLE draft, its draft extend and the target's verify from graphs
+captured at start-up (`EAGLEDraftCudaGraphRunner`, `EAGLEDraftExtendCudaGraphRunner`,
+`DecodeCudaGraphRunner` in TARGET_VERIFY mode): Python inside the captured callable runs once,
+at capture; a replay repeats only the captured kernels, which write into the tensors that
+existed at capture. With `ADASPEC_EMULATE_GRAPHS=1` on `--device cpu`, SGLang's runner classes
+are built as on CUDA, with `EmulatedGraphBackend` in place of its CUDA graph backend. A replay runs the captured callable again over the runner's static input buffers, in
 SGLang's forward context of the capture, but:
 - sealed: no plugin iteration scope is reachable inside it (`sealed()`), as at capture, so a
   hook that hands a value over through Python state sees nothing, as on a GPU;
@@ -14,7 +14,8 @@ SGLang's forward context of the capture, but:
   a rerun whose outputs differ in structure or shape from the capture's is an error (a
   data-dependent branch inside a captured region).
 The torch attention backend stands in for SGLang's graph-safe kernels: it reads the static
-batch's metadata at replay as a captured kernel reads its device buffers.
+batch's metadata at replay as a captured kernel reads its device buffers, and the verify's tree
+mask from its own buffer, refilled before each replay as SGLang's graph-capable backends do.
 """
 
 from __future__ import annotations
@@ -160,15 +161,21 @@ def _cpu_capture_context() -> Iterator[None]:
         yield SimpleNamespace(stream=stream)
 
     saved = (decode.graph_capture, decode.get_or_create_global_graph_capture_stream)
-    saved_backends = (draft.resolve_decode_backend, extend.resolve_decode_backend)
+    saved_backends = (
+        decode.resolve_decode_backend, draft.resolve_decode_backend, extend.resolve_decode_backend
+    )
     decode.graph_capture = graph_capture
     decode.get_or_create_global_graph_capture_stream = lambda: None
+    decode.resolve_decode_backend = EmulatedGraphBackend
     draft.resolve_decode_backend = extend.resolve_decode_backend = EmulatedGraphBackend
     try:
         yield
     finally:
         decode.graph_capture, decode.get_or_create_global_graph_capture_stream = saved
-        draft.resolve_decode_backend, extend.resolve_decode_backend = saved_backends
+        (
+            decode.resolve_decode_backend, draft.resolve_decode_backend,
+            extend.resolve_decode_backend,
+        ) = saved_backends  # fmt: skip
 
 
 def emulated_draft_runner(draft_worker):
@@ -183,17 +190,25 @@ def emulated_draft_runner(draft_worker):
 def emulated_extend_runner(draft_worker):
     """SGLang's `EAGLEDraftExtendCudaGraphRunner` for `draft_worker`, built on CPU with
     emulated graphs (SGLang builds it on CUDA for its graph-capable attention backends)."""
-    from sglang.srt.model_executor.graph_shared_output import GraphSharedOutput
     from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
         EAGLEDraftExtendCudaGraphRunner,
     )
 
-    runner = draft_worker.draft_runner
-    if runner.graph_shared_output is None:  # SGLang makes none with its decode graphs off
-        rows = runner.max_shared_logits_buffer_rows()
-        runner.graph_shared_output = GraphSharedOutput(device=torch.device("cpu"), max_rows=rows)
+    _share_graph_outputs(draft_worker.draft_runner)
     with _cpu_capture_context():
         return EAGLEDraftExtendCudaGraphRunner(draft_worker)
+
+
+def _share_graph_outputs(model_runner) -> None:
+    """The logits buffer SGLang's graph runners of `model_runner` share (SGLang makes none on
+    CPU, where its decode graphs are off)."""
+    from sglang.srt.model_executor.graph_shared_output import GraphSharedOutput
+
+    if model_runner.graph_shared_output is None:
+        rows = model_runner.max_shared_logits_buffer_rows()
+        model_runner.graph_shared_output = GraphSharedOutput(
+            device=torch.device("cpu"), max_rows=rows
+        )
 
 
 def capture_cuda_graphs(original: Callable, draft_worker, *args, **kwargs):
@@ -230,3 +245,44 @@ def capture_cuda_graphs(original: Callable, draft_worker, *args, **kwargs):
             draft_worker.speculative_num_draft_tokens, runner.backend.num_graphs,
         )  # fmt: skip
     return result
+
+
+def capture_verify_graphs(_result, model_runner, *args, **kwargs) -> None:
+    """AFTER `ModelRunner.init_cuda_graphs`: with `ADASPEC_EMULATE_GRAPHS=1` on the generic CPU
+    path, the target's verify graphs SGLang captures on CUDA (`DecodeCudaGraphRunner` in
+    TARGET_VERIFY mode, one per captured batch size), emulated."""
+    from sgl_adaspec.platform.cpu.hooks import on_generic_cpu
+
+    if not (
+        emulation_on()
+        and on_generic_cpu(model_runner.device)
+        and model_runner.spec_algorithm.is_speculative()
+        and not model_runner.is_draft_worker
+        and model_runner.decode_cuda_graph_runner is None
+    ):
+        return
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    _share_graph_outputs(model_runner)
+    if not hasattr(torch.cpu, "is_current_stream_capturing"):
+        # The verify graph's callable asks it at capture and (emulated) at replay, to mark an
+        # event on a CUDA stream capture; no CPU stream is ever captured.
+        torch.cpu.is_current_stream_capturing = lambda: False
+    with _cpu_capture_context():
+        runner = DecodeCudaGraphRunner(model_runner)
+    model_runner.decode_cuda_graph_runner = runner
+    logger.info(
+        "sgl_adaspec: emulated target verify graphs (%d tokens a request): %d captured, "
+        "batch sizes %s", model_runner.decode_num_tokens_per_req(), runner.backend.num_graphs,
+        runner.capture_bs,
+    )  # fmt: skip
+
+
+def target_verify_replays(original: Callable, forward_mode) -> bool:
+    """AROUND `ForwardMode.is_cpu_graph`: SGLang's CPU graphs run plain decodes only; with
+    `ADASPEC_EMULATE_GRAPHS=1` the emulated target verify graphs run the verify, as on CUDA."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return original(forward_mode) or (
+        forward_mode == ForwardMode.TARGET_VERIFY and emulation_on()
+    )

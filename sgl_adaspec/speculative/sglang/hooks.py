@@ -130,7 +130,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         policy.stats.observe_draft(
             depth, width, rows, replayed=not scope.draft_forward_ran,
             decided=scope.decision is not None, ragged=scope.ragged_verify,
-            extend_replayed=scope.extend_replayed,
+            extend_replayed=scope.extend_replayed, verify_replayed=scope.verify_replayed,
         )  # fmt: skip
     if scope.verify_ms is not None:
         warm_up = scope.decision is not None and not clock.speculated
@@ -361,6 +361,10 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
     if not kwargs.get("is_verify", False) or keep is None:
         return original(worker, batch, forward_batch, *args, **kwargs)
     spec_info = forward_batch.spec_info
+    if _replays_verify_graph(worker, forward_batch):
+        # A graph verifies the captured [bs, ntok] shape: the pruned tree restricts acceptance.
+        scope.verify_replayed = True
+        return original(worker, batch, forward_batch, *args, **kwargs)
     if not _backend_runs_ragged_verify(worker):
         warn_once(
             "sgl_adaspec: ragged verify (the selected nodes only) runs on the plugin's torch "
@@ -400,6 +404,12 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
             prune_tree(spec_info, keep, scope.parents)
     scatter_rows(result.logits_output, rows, keep.numel())
     return result
+
+
+def _replays_verify_graph(worker, forward_batch) -> bool:
+    """Whether SGLang runs this verify as a replay of its target verify graph."""
+    runner = worker.model_runner.decode_cuda_graph_runner
+    return runner is not None and bool(runner.can_run_graph(forward_batch))
 
 
 def _backend_runs_ragged_verify(worker) -> bool:

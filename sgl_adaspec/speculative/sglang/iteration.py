@@ -39,6 +39,7 @@ class Iteration:
       when unknown (`tree.deepest_accepted`);
     - ragged_verify: the verify forward ran on the kept nodes only (`hooks.target_forward`);
     - extend_replayed: the draft extend ran as a graph replay;
+    - verify_replayed: the target's verify ran as a graph replay (the whole tree);
     - one_token_slots_in_row: a one-node verify's KV slots follow each request's prefix in
       its `req_to_token` row (the torch attention backend's check; None: not yet asked)."""
 
@@ -60,6 +61,7 @@ class Iteration:
     one_token_slots_in_row: bool | None = None
     ragged_verify: bool = False
     extend_replayed: bool = False
+    verify_replayed: bool = False
 
 
 _ITERATION: contextvars.ContextVar[Iteration | None] = contextvars.ContextVar(
