@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import pytest
 import requests
 
 from sgl_adaspec.local_server import client
@@ -31,6 +32,8 @@ def outputs(url: str) -> list[list[int]]:
         return [answer["output_ids"] for answer in answers]
 
 
+# A server start and long prompts (~1 min on 2 cores): in the slow tier, which CI runs.
+@pytest.mark.slow
 def test_chunked_prefills_stay_token_identical_under_adaserve(models, tmp_path_factory):
     plain = start(tmp_path_factory, "plain-bigram-chunked", models.bigram_target, *CHUNK)
     try:

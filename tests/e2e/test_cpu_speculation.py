@@ -109,6 +109,8 @@ def test_scheduler_process_receives_the_policy(eagle_server):
     assert "sgl_adaspec: scheduler uses spec policy adaserve" in log
 
 
+# Two server starts (~45 s on 2 cores): in the slow tier, which CI runs.
+@pytest.mark.slow
 def test_a_speculative_server_keeps_the_overlap_schedule_unless_told(
     eagle_server, models, tmp_path_factory, reference_outputs
 ):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import pytest
 import requests
 
 from sgl_adaspec.local_server import client
@@ -16,6 +17,8 @@ from .conftest import start
 from .mixed_batch import MAX_NEW_TOKENS, PROMPTS
 
 
+# A server start on a small KV pool (~45 s on 2 cores): in the slow tier, which CI runs.
+@pytest.mark.slow
 def test_retracted_requests_stay_token_identical_under_adaserve(
     models, tmp_path_factory, bigram_pair_reference
 ):

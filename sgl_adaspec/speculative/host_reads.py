@@ -1,0 +1,109 @@
+"""Host reads of device tensors, counted: each one is a device synchronisation on a GPU.
+
+Between the draft and the verify the server must not wait on the device (the verify's launch
+would wait for it, and SGLang's overlap scheduler with it). On CPU nothing is a device, so the
+tensors a GPU would hold are marked instead: `on_device(t)` returns `t` as a `DeviceResident`
+view, torch operations propagate the mark to their results, and `HostReadCounter` counts every
+operation that hands a marked tensor's values to Python (`.item()`, `.tolist()`, `bool()`,
+`int()`, `.cpu()`, ...) or whose output shape depends on its values (`nonzero`, a boolean
+index), as those synchronise on CUDA. Tensors built from host data (SLO state, counts) are not
+marked: reading them costs the GPU nothing.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+Tensor = torch.Tensor
+
+# Functions that read a tensor's values on the host, or size their output by those values.
+_READS = {
+    Tensor.item: "item", Tensor.tolist: "tolist", Tensor.__bool__: "bool",
+    Tensor.__int__: "int", Tensor.__float__: "float", Tensor.__index__: "index",
+    Tensor.numpy: "numpy", Tensor.cpu: "cpu", torch.equal: "equal",
+    Tensor.equal: "equal", Tensor.nonzero: "nonzero", torch.nonzero: "nonzero",
+    torch.masked_select: "masked_select", Tensor.masked_select: "masked_select",
+    torch.unique: "unique", Tensor.unique: "unique",
+}  # fmt: skip
+
+
+class DeviceResident(Tensor):
+    """A tensor that would live on the GPU (see the module docstring)."""
+
+
+def on_device(tensor: Tensor | None) -> Tensor | None:
+    """`tensor` marked as device-resident (a view, no copy)."""
+    if tensor is None or isinstance(tensor, DeviceResident):
+        return tensor
+    return tensor.as_subclass(DeviceResident)
+
+
+def unmarked(tensor: Tensor | None) -> Tensor | None:
+    """`tensor` as a plain tensor again (a view)."""
+    return tensor if tensor is None else tensor.as_subclass(Tensor)
+
+
+def _marked(values) -> bool:
+    for value in values:
+        if isinstance(value, DeviceResident):
+            return True
+        if isinstance(value, (tuple, list)) and _marked(value):
+            return True
+    return False
+
+
+class HostReadCounter(TorchFunctionMode):
+    """Counts host reads of device-resident tensors while active: `count`, `by_kind`
+    {name: count} and `sites` {"file:line": count} of the first frame outside torch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.by_kind: Counter[str] = Counter()
+        self.sites: Counter[str] = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = self._read_kind(func, args, kwargs)
+        if kind is not None:
+            self.count += 1
+            self.by_kind[kind] += 1
+            self.sites[_caller()] += 1
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _read_kind(func, args, kwargs) -> str | None:
+        if not _marked(args) and not _marked(kwargs.values()):
+            return None
+        if func in _READS:
+            return _READS[func]
+        if func is Tensor.to and _to_host(args[1:], kwargs):
+            return "to_cpu"
+        if func is Tensor.__getitem__ and _bool_index(args[1]):
+            return "bool_index"
+        return None
+
+
+def _to_host(args, kwargs) -> bool:
+    target = kwargs.get("device", args[0] if args else None)
+    if isinstance(target, Tensor):
+        target = target.device
+    return target is not None and not isinstance(target, torch.dtype) and (
+        torch.device(target).type == "cpu"
+    )
+
+
+def _bool_index(index) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(item, Tensor) and item.dtype == torch.bool for item in items)
+
+
+def _caller() -> str:
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if "/torch/" not in frame.filename and frame.filename != __file__:
+            return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
+    return "?"
