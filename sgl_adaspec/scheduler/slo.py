@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_adaspec.speculative.host_reads import free_to_read
+
 
 @dataclass(frozen=True)
 class SloBatch:
@@ -140,6 +142,7 @@ def capped_required(required: torch.Tensor, depth: torch.Tensor | int) -> torch.
         return required.clamp(max=float(depth + 1))
     if depth.shape != required.shape:
         raise ValueError(f"depth has shape {tuple(depth.shape)}, required {tuple(required.shape)}")
-    if bool((depth < 0).any()):
+    if free_to_read(depth) and bool((depth < 0).any()):
         raise ValueError(f"depth must be >= 0: {depth}")
+    required = required.to(depth.device, non_blocking=True)
     return torch.minimum(required, (depth + 1).to(required.dtype))

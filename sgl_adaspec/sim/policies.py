@@ -298,7 +298,7 @@ class ServerPolicy:
             decision.selection.num_tokens.numpy(),
             decision.depth,
             decision.width,
-            decision.budget,
+            int(decision.budget),
         )
 
     def draft_prefills(self, new_requests: int) -> bool:

@@ -58,6 +58,7 @@ class AcceptanceCalibration:
     # (knots f [M], rates [M]) and, per segment between two knots, its left end, width (kept
     # off 0), left rate and rise (4 x [M - 1]), read by every `apply` until the next outcome.
     _fit: tuple | None = field(default=None, repr=False)
+    _moved: tuple | None = field(default=None, repr=False)  # ((version, device), the fit there)
 
     def __post_init__(self) -> None:
         edges = self.edges
@@ -136,13 +137,25 @@ class AcceptanceCalibration:
 
     def apply(self, path_prob: torch.Tensor) -> torch.Tensor:
         """Calibrated f' = g(f) (0 stays 0), same shape and dtype as `path_prob`."""
-        knots, _, segments = self._knots()
-        f = path_prob.double().cpu().clamp(0.0, 1.0)
+        knots, segments = self._knots_on(path_prob.device)
+        f = path_prob.double().clamp(0.0, 1.0)
         segment = torch.searchsorted(knots, f.contiguous()).clamp(1, len(knots) - 1) - 1
         x0, dx, y0, dy = (part[segment] for part in segments)
         share = ((f - x0) / dx).clamp(0.0, 1.0)
         calibrated = torch.where(f > 0, y0 + share * dy, 0.0)
-        return calibrated.to(path_prob.dtype).to(path_prob.device)
+        return calibrated.to(path_prob.dtype)
+
+    def _knots_on(self, device: torch.device) -> tuple:
+        """The fit's knots and segments on `device`, copied there once per fit (the fit is
+        made on the host from outcomes; the draft's f stay where the draft wrote them)."""
+        knots, _, segments = self._knots()
+        if device.type == "cpu":
+            return knots, segments
+        if self._moved is None or self._moved[0] != (self.version, device):
+            moved = tuple(t.to(device, non_blocking=True) for t in (knots, *segments))
+            self._moved = ((self.version, device), moved)
+        knots, *segments = self._moved[1]
+        return knots, tuple(segments)
 
     def calibrated_sum(self, verified_f: torch.Tensor) -> float:
         """Sum of f' over the nonzero entries of `verified_f` (what the calibration predicts)."""

@@ -25,6 +25,7 @@ Glossary:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -146,6 +147,20 @@ class Candidates:
             tree.__dict__["depth"] = self.__dict__["depth"]
         return tree
 
+    @classmethod
+    def trusted(
+        cls, tokens: torch.Tensor, parents: torch.Tensor, path_prob: torch.Tensor,
+        valid: torch.Tensor,
+    ) -> Candidates:
+        """Trees built to be valid (the adapter's, from SGLang's tree), not checked: the
+        checks read the tensors on the host, a device synchronisation on a GPU."""
+        tree = object.__new__(cls)
+        for name, value in (
+            ("tokens", tokens), ("parents", parents), ("path_prob", path_prob), ("valid", valid),
+        ):  # fmt: skip
+            object.__setattr__(tree, name, value)
+        return tree
+
     def rows(self, index: torch.Tensor) -> Candidates:
         """The trees of the requests `index` [R] int64, in that order, not checked again (the
         depths carry over)."""
@@ -188,19 +203,9 @@ class Candidates:
 
     @cached_property
     def depth(self) -> torch.Tensor:
-        """[B, N] int64: depth of each node; children of the root have depth 1.
-
-        In Python over the parents' list, one pass per row (a parent precedes its children):
-        a tree's nodes are few, and a pointer-jumping walk of tensor ops per level cost
-        ~0.15 ms per iteration (simulator, h100-llama8b rate 16)."""
-        depths = []
-        for parents in self.parents.tolist():
-            row: list[int] = []
-            for parent in parents:
-                row.append(1 if parent < 0 else row[parent] + 1)
-            depths.append(row)
-        depth = torch.tensor(depths, dtype=torch.int64, device=self.parents.device)
-        return depth.view(self.parents.shape)
+        """[B, N] int64: depth of each node; children of the root have depth 1 (tensor work
+        only, `jump_to_root`)."""
+        return 1 + jump_to_root(self.parents, (self.parents >= 0).long(), torch.add)
 
     @cached_property
     def max_depth(self) -> torch.Tensor:
@@ -213,13 +218,24 @@ class Candidates:
 def cap_at_parents(path_prob: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     """path_prob [B, N] with every node capped at its parent's (parents [B, N], -1: the root),
     so f never increases along a path whatever rounding did to it."""
-    has_parent = parents >= 0
-    parent_slot = parents.clamp(min=0)
-    for _ in range(parents.shape[1]):
-        capped = torch.where(
-            has_parent, torch.minimum(path_prob, path_prob.gather(1, parent_slot)), path_prob
-        )
-        if torch.equal(capped, path_prob):
-            break
-        path_prob = capped
-    return path_prob
+    return path_min(path_prob, parents)
+
+
+def path_min(values: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """[B, N]: each node's minimum of `values` [B, N] (float, or bool for "all") over itself
+    and its ancestors (parents [B, N], -1: a child of the root)."""
+    return jump_to_root(parents, values, torch.minimum)
+
+
+def jump_to_root(parents: torch.Tensor, values: torch.Tensor, combine) -> torch.Tensor:
+    """Each node's `values` combined (`combine`, associative) with those of all its ancestors,
+    by pointer jumping: ceil(log2 N) rounds of gathers over [B, N] (parents [B, N], -1: a
+    child of the root), no host read, so it runs between a GPU's draft and verify unsynced."""
+    num_nodes = parents.shape[1]
+    ancestor = parents
+    for _ in range(math.ceil(math.log2(num_nodes)) if num_nodes > 1 else 0):
+        has = ancestor >= 0
+        slot = ancestor.clamp(min=0)
+        values = torch.where(has, combine(values, values.gather(1, slot)), values)
+        ancestor = torch.where(has, ancestor.gather(1, slot), ancestor)
+    return values

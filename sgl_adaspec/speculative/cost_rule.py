@@ -707,18 +707,22 @@ def cost_budget(
     sunk_ms: float,
     context_tokens: int,
     verify_ms: LatencyFn,
-) -> int | None:
+) -> torch.Tensor | None:
     """After the draft (its `sunk_ms` already paid): the verify budget B, roots included, that
-    maximizes expected committed tokens per ms over the batch-wide ranking by f'.
-    calibrated [B, N] f'; valid [B, N] bool. None when the verify model has no observation."""
+    maximizes expected committed tokens per ms over the batch-wide ranking by f', as a 0-d
+    int64 tensor on the draft's device (tensor work only: no host read between the draft and
+    the verify). calibrated [B, N] f'; valid [B, N] bool. None when the verify model has no
+    observation."""
     n = calibrated.shape[0]
-    f = torch.where(valid, calibrated, -1.0).double().flatten().cpu()
-    ranked = torch.sort(f, descending=True).values
-    ranked = ranked[ranked >= 0]  # [M] valid nodes, best first
-    m = torch.arange(0, ranked.numel() + 1, dtype=torch.float64)  # [M + 1]
-    expected = n + torch.cat([torch.zeros(1, dtype=torch.float64), ranked.cumsum(0)])
+    f = torch.where(valid, calibrated, -1.0).double().flatten()
+    ranked = torch.sort(f, descending=True).values  # [M] valid nodes first, best first
+    m = torch.arange(0, ranked.numel() + 1, dtype=torch.float64, device=f.device)  # [M + 1]
+    zero = torch.zeros(1, dtype=torch.float64, device=f.device)
+    expected = n + torch.cat([zero, ranked.clamp(min=0.0).cumsum(0)])
     verify = verify_ms(n + m, context_tokens)
     if verify is None:
         return None
-    rate = expected / (sunk_ms + verify).clamp(min=1e-9)
-    return n + int(torch.argmax(rate))  # argmax: the first (smallest) best prefix
+    rate = expected / (sunk_ms + verify.to(f.device)).clamp(min=1e-9)
+    # Only prefixes of real nodes: past the last one the count m would buy nothing.
+    rate = torch.where(m <= valid.sum(), rate, -math.inf)
+    return n + torch.argmax(rate)  # argmax: the first (smallest) best prefix

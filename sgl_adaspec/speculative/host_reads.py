@@ -32,7 +32,15 @@ _READS = {
 
 
 class DeviceResident(Tensor):
-    """A tensor that would live on the GPU (see the module docstring)."""
+    """A tensor that would live on the GPU (see the module docstring): operations on it give
+    device-resident results, but for its copies to the host (`.cpu()`, `.to("cpu")`)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        if func is Tensor.cpu or (func is Tensor.to and _to_host(args[1:], kwargs or {})):
+            return result.as_subclass(Tensor)
+        return result
 
 
 def on_device(tensor: Tensor | None) -> Tensor | None:
@@ -81,8 +89,8 @@ class HostReadCounter(TorchFunctionMode):
             return None
         if func in _READS:
             return _READS[func]
-        if func is Tensor.to and _to_host(args[1:], kwargs):
-            return "to_cpu"
+        if func is Tensor.to and _to_host(args[1:], kwargs) and not kwargs.get("non_blocking"):
+            return "to_cpu"  # a non-blocking copy does not wait for the device
         if func is Tensor.__getitem__ and _bool_index(args[1]):
             return "bool_index"
         return None
@@ -107,3 +115,10 @@ def _caller() -> str:
         if "/torch/" not in frame.filename and frame.filename != __file__:
             return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
     return "?"
+
+
+def free_to_read(tensor: Tensor) -> bool:
+    """Whether reading `tensor` on the host costs no device synchronisation: it lives in host
+    memory and is not marked device-resident. Shortcuts that read a tensor to skip work are
+    taken only then; on a device the work is done instead."""
+    return tensor.device.type == "cpu" and not isinstance(tensor, DeviceResident)

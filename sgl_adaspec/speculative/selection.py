@@ -41,6 +41,7 @@ import torch
 
 from sgl_adaspec.scheduler.slo import capped_required
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.host_reads import free_to_read
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,8 @@ INVALID = Infeasible.INVALID
 def select_adaserve(
     cands: Candidates,
     required: torch.Tensor,
-    budget: int,
-    max_nodes_per_request: int,
+    budget: int | torch.Tensor,
+    max_nodes_per_request: int | torch.Tensor,
     rank_weight: torch.Tensor | None = None,
 ) -> Selection:
     """AdaServe's two selection phases (Algorithm 2, lines 9-23) over the candidate trees.
@@ -103,15 +104,20 @@ def select_adaserve(
        budget remains; n_acc starts at 1 (root) and grows by f(v).
     2. Throughput-optimized: the remaining budget goes to the batch-wide top nodes by f among
        those not yet selected (by f x rank_weight[r], [B] > 0, where given).
-    `budget` counts the roots (see the module docstring for budget < B).
+    `budget` counts the roots (see the module docstring for budget < B). `budget` and
+    `max_nodes_per_request` may be 0-d int64 tensors on the candidates' device (computed there
+    from the draft): the selection is tensor work only, no host read of the candidates.
     """
     num_requests, num_nodes = _check_inputs(cands, required, budget)
-    if max_nodes_per_request < 0:
+    if isinstance(max_nodes_per_request, int) and max_nodes_per_request < 0:
         raise ValueError(f"max_nodes_per_request must be >= 0, got {max_nodes_per_request}")
     if rank_weight is not None and (
-        rank_weight.shape != (num_requests,) or not bool((rank_weight > 0).all())
+        rank_weight.shape != (num_requests,)
+        or (free_to_read(rank_weight) and not bool((rank_weight > 0).all()))
     ):
         raise ValueError(f"rank_weight must be [B] = [{num_requests}] and > 0, got {rank_weight}")
+    device = cands.valid.device
+    required = required.to(device, non_blocking=True)
     order, sorted_prob = _rank_nodes(cands)
     target = capped_required(required, cands.max_depth)  # [B] A_cap
     # Phase 1 for one request is "take its ranked nodes while n_acc < A_cap": n_acc before the
@@ -121,7 +127,7 @@ def select_adaserve(
     quota = (wanted & _rank_valid(cands)).sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
     # Requests are served in urgency order until the budget runs out: request i (in that order)
     # gets min(quota_i, what is left after the requests before it).
-    draft_budget = max(budget - num_requests, 0)
+    draft_budget = (torch.as_tensor(budget, device=device) - num_requests).clamp(min=0)
     urgency = torch.sort(required, descending=True, stable=True).indices  # [B]
     quota_sorted = quota[urgency]  # [B]
     served_before = quota_sorted.cumsum(0) - quota_sorted  # [B]
@@ -182,7 +188,7 @@ def expected_accepted(cands: Candidates, mask: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"mask must be [B, N] bool like the candidates, got {mask.dtype} {tuple(mask.shape)}"
         )
-    if bool((mask & ~cands.valid).any()):
+    if free_to_read(mask) and bool((mask & ~cands.valid).any()):
         raise ValueError("mask selects padding nodes")
     return 1.0 + torch.where(mask, cands.path_prob, 0.0).sum(dim=1)
 
@@ -193,9 +199,12 @@ def _check_inputs(cands: Candidates, required: torch.Tensor, budget: int) -> tup
         raise ValueError(f"required must be [B] = [{num_requests}], got {tuple(required.shape)}")
     if not required.is_floating_point():
         raise TypeError(f"required must be floating, got {required.dtype}")
-    if bool(torch.isnan(required).any()):
+    if free_to_read(required) and bool(torch.isnan(required).any()):
         raise ValueError(f"required has NaN (use 0 for best effort): {required}")
-    if not isinstance(budget, int) or budget < 0:
+    if isinstance(budget, torch.Tensor):
+        if budget.ndim != 0 or budget.is_floating_point():
+            raise ValueError(f"a tensor budget must be a 0-d integer, got {budget!r}")
+    elif not isinstance(budget, int) or budget < 0:
         raise ValueError(f"budget must be an int >= 0, got {budget!r}")
     return num_requests, num_nodes
 
@@ -239,41 +248,34 @@ def _finish(
     cands: Candidates,
     order: torch.Tensor,
     slo_counts: torch.Tensor,
-    draft_budget: int,
+    draft_budget: int | torch.Tensor,
     rank_weight: torch.Tensor | None = None,
 ) -> Selection:
     """Phase-1 prefixes of `slo_counts` nodes, then the batch-wide top of the rest by f
     (x rank_weight [B])."""
     slo_mask = _prefix_mask(order, slo_counts)  # [B, N]
-    left = draft_budget - int(slo_counts.sum())
+    left = draft_budget - slo_counts.sum()
     mask = slo_mask | _global_top(cands, slo_mask, left, rank_weight)
     return Selection(mask, mask.sum(dim=1), slo_counts)
 
 
 def _global_top(
-    cands: Candidates, taken: torch.Tensor, budget: int, rank_weight: torch.Tensor | None = None
+    cands: Candidates,
+    taken: torch.Tensor,
+    budget: torch.Tensor,
+    rank_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[B, N] bool: the `budget` best untaken nodes by (f desc, request asc, node asc), f
-    scaled by rank_weight [B] where given (per request, so each request's order is kept).
-
-    Uses a k-th-value threshold instead of a full sort: every node above the threshold is in,
-    and the nodes equal to it are admitted in flat (request, node) order until the count is
-    reached. Restricted to one request this is a prefix of its remaining ranking, so closure
-    is kept.
-    """
+    """[B, N] bool: the `budget` (0-d) best untaken nodes by (f desc, request asc, node asc),
+    f scaled by rank_weight [B] where given (per request, so each request's order is kept).
+    A stable descending sort of the flattened [B * N] keys ranks them by that rule; the first
+    `budget` ranks of real free nodes are taken. Restricted to one request this is a prefix
+    of its remaining ranking, so closure is kept. Tensor work only: the budget may come from
+    the device."""
     free = cands.valid & ~taken  # [B, N]
-    num_free = int(free.sum())
-    if budget >= num_free:
-        return free
-    if budget <= 0:
-        return torch.zeros_like(free)
     prob = cands.path_prob
     if rank_weight is not None:
         prob = prob * rank_weight.to(prob.device, prob.dtype)[:, None]
     key = torch.where(free, prob, -math.inf).flatten()  # [B*N]
-    threshold = torch.topk(key, budget, sorted=False).values.min()
-    above = key > threshold  # [B*N]
-    at = key == threshold  # [B*N]; threshold is finite since budget < num_free
-    room = budget - above.sum()
-    chosen = above | (at & (at.cumsum(0) <= room))
-    return chosen.view_as(free)
+    order = torch.sort(key, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(key.numel(), device=key.device))
+    return (free.flatten() & (rank < budget)).view_as(free)

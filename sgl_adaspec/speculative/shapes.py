@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.host_reads import free_to_read
 from sgl_adaspec.speculative.selection import Selection
 
 
@@ -15,8 +16,8 @@ def restrict_to_shape(cands: Candidates, depth: int | torch.Tensor, width: int) 
     nodes kept one level up. `depth` is one int for the batch or [B] int64 per request (0 keeps
     nothing). width 1 keeps each request's most probable chain. Returns the same trees with
     `valid` narrowed [B, N]."""
-    if isinstance(depth, int) and fits_shape(cands, depth, width):
-        return cands
+    if isinstance(depth, int) and free_to_read(cands.valid) and fits_shape(cands, depth, width):
+        return cands  # the beam would keep every node: skip it where the check reads for free
     kept = beams_of_widths(cands, depth, (width,))[0]
     return cands.derived(valid=kept)  # a beam keeps every kept node's parent
 
@@ -55,8 +56,8 @@ def beams_of_widths(
     for level in range(1, max_level + 1):
         parent_kept = torch.where(has_parent, torch.gather(kept, 2, parents), True)
         at_level = valid & (node_depth == level) & parent_kept  # [W, B, N]
-        if not bool(at_level.any()):
-            break
+        if free_to_read(at_level) and not bool(at_level.any()):
+            break  # nothing deeper: the rest of the loop would keep nothing
         key = torch.where(at_level, cands.path_prob, -1.0)
         # Stable descending sort: equal f keep node-index order.
         order = torch.sort(key, dim=2, descending=True, stable=True).indices

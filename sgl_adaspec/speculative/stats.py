@@ -60,6 +60,10 @@ class SpecStats:
     ragged_verifies: int = 0  # verify forwards of the kept nodes only (the torch backend's)
     extend_graph_replays: int = 0  # draft extends after a draft, replayed from a captured graph
     verify_graph_replays: int = 0  # target verifies after a draft, replayed from a captured graph
+    # ADASPEC_COUNT_HOST_READS=1: host reads of device tensors between draft and verify, and
+    # where the plugin made them ("file:line": count)
+    host_reads_before_verify: int = 0
+    host_read_sites: dict[str, int] = field(default_factory=dict)
     # Requests with the plugin's SLO state whose finish (or abort) is not yet reported.
     open_requests: int = 0
     # The (depth, width) tiers built at start-up (`sglang.tier_states`), steps 0 included, and
@@ -129,6 +133,12 @@ class SpecStats:
         self.last_budget, self.last_depth, self.last_width = budget, depth, width
         for sink in self.sinks:
             sink.observe_iteration(verified, accepted, budget, depth, width)
+
+    def observe_host_reads(self, count: int, sites: dict[str, int]) -> None:
+        """One iteration's host reads of device tensors between its draft and verify."""
+        self.host_reads_before_verify += count
+        for site, n in sites.items():
+            self.host_read_sites[site] = self.host_read_sites.get(site, 0) + n
 
     def observe_draft(
         self,
@@ -231,6 +241,8 @@ class SpecStats:
             "ragged_verifies": self.ragged_verifies,
             "extend_graph_replays": self.extend_graph_replays,
             "verify_graph_replays": self.verify_graph_replays,
+            "host_reads_before_verify": self.host_reads_before_verify,
+            "host_read_sites": dict(sorted(self.host_read_sites.items())),
             "open_requests": self.open_requests,
             "draft_iterations_by_shape": dict(sorted(self.draft_iterations_by_shape.items())),
             "exit_tested_tokens": self.exit_tested_tokens,

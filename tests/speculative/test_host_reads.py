@@ -45,3 +45,12 @@ def test_unmarked_tensors_are_plain_again():
     with HostReadCounter() as counter:
         f.tolist()
     assert counter.count == 0 and type(f) is torch.Tensor
+
+
+def test_copies_to_the_host_are_host_tensors_and_non_blocking_copies_are_no_reads():
+    f = on_device(torch.rand(3))
+    with HostReadCounter() as counter:
+        moved = f.to("cpu", non_blocking=True)
+        copied = f.cpu()
+    assert counter.count == 1 and dict(counter.by_kind) == {"cpu": 1}
+    assert type(moved) is torch.Tensor and type(copied) is torch.Tensor

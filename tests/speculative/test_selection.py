@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.host_reads import HostReadCounter, on_device
 from sgl_adaspec.speculative.selection import (
     INVALID,
     Selection,
@@ -21,6 +22,7 @@ from sgl_adaspec.speculative.selection import (
     select_static,
 )
 
+FIELDS = ("tokens", "parents", "path_prob", "valid")
 PROPERTY_SETTINGS = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -382,6 +384,23 @@ def test_matches_literal_algorithm2(instance):
     assert selection.mask.tolist() == mask
     assert selection.slo_counts.tolist() == slo_counts
     assert cands.max_depth.tolist() == python_depths(cands)
+
+
+@PROPERTY_SETTINGS
+@given(instances())
+def test_on_the_device_it_matches_algorithm2_without_a_host_read(instance):
+    # Budget and n_max as 0-d tensors, the candidates device-resident (`host_reads`): the
+    # selection a GPU makes between its draft and its verify, node for node the literal one.
+    cands, required, budget, n_max = instance
+    marked = Candidates.trusted(*(on_device(getattr(cands, name)) for name in FIELDS))
+    with HostReadCounter() as reads:
+        selection = select_adaserve(
+            marked, required, on_device(torch.tensor(budget)), on_device(torch.tensor(n_max))
+        )
+    assert reads.count == 0, reads.sites
+    mask, slo_counts = reference_adaserve(cands, required, budget, n_max)
+    assert selection.mask.tolist() == mask
+    assert selection.slo_counts.tolist() == slo_counts
 
 
 @PROPERTY_SETTINGS

@@ -282,6 +282,8 @@ class AdaservePolicy(PolicyBase):
     _last_planned: PlanChoice | None = field(default=None, repr=False)
     _blind_running: int = field(default=0, repr=False)
     _planned_drafts: int = field(default=0, repr=False)  # planned drafts decided
+    # The gain table's reading of this iteration's draft, left for `observe` (after the verify).
+    _unread_draft: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
@@ -519,7 +521,15 @@ class AdaservePolicy(PolicyBase):
         self._blind_prefills += 1
         return self._blind_prefills % self.config.probe_interval == 0
 
+    def read_last_draft(self) -> None:
+        """The gain table reads the last decided draft, if it was to (`observe` calls this
+        first: after the verify, on the host)."""
+        if self._unread_draft is not None:
+            self.gain.observe(*self._unread_draft)
+            self._unread_draft = None
+
     def observe(self, outcome: Outcome) -> None:
+        self.read_last_draft()
         self._last_load = len(outcome.rids)
         self._max_load = max(self._max_load, self._last_load)
         # A plain iteration that skipped the draft extend leaves the next draft stale.
@@ -900,8 +910,10 @@ class AdaservePolicy(PolicyBase):
             if not self._cold and (
                 self._reason != "planned" or self._planned_drafts % READ_PLANNED_EVERY == 0
             ):
+                # Read on the host after the verify (`observe`): the plans it feeds are made
+                # before the next draft, and before the verify it would wait on the device.
                 groups = slo_group_keys(slo.tpot_slo_ms)
-                self.gain.observe(shaped, plan.depth, plan.width, groups, weight)
+                self._unread_draft = (shaped, plan.depth, plan.width, groups, weight)
             sunk_ms = self._draft_ms(plan.depth, plan.width, cands.num_requests)
             budget = cost_budget(
                 calibrated,
@@ -910,8 +922,8 @@ class AdaservePolicy(PolicyBase):
                 context_tokens,
                 self.verify_latency.predict_tensor,
             )
-            if budget is not None:
-                plan = Plan(plan.depth, plan.width, min(budget, plan.budget))
+            if budget is not None:  # a 0-d tensor on the draft's device
+                plan = Plan(plan.depth, plan.width, budget.clamp(max=plan.budget))
             # A(r) counts accepted tokens: the SLO phase reads calibrated f' as well.
             shaped = shaped.with_path_prob(calibrated)
         # The cost rule asks A(r) for the wall time until the next iteration, prefill stalls
@@ -920,19 +932,21 @@ class AdaservePolicy(PolicyBase):
         required = required_tokens(slo, (self.t_spec_ms or 0.0) * pace)
         required = torch.where(self.infeasible(slo, plan), 0.0, required)
         if self.config.budget_rule == "cost":
+            required = required.to(shaped.valid.device, non_blocking=True)
             required = torch.where(beyond_reach(shaped, required), 0.0, required)
         n_max = self.config.max_nodes_per_request
         if n_max is None and self.config.budget_rule == "cost":
             # As AdaServe's public code: the SLO phase gives one request at most ~1.2 B / n
             # nodes, so a request whose tree cannot reach A(r) does not drain the budget.
             n = cands.num_requests
-            n_max = math.ceil(1.2 * max(plan.budget - n, 0) / n)
+            spare = (torch.as_tensor(plan.budget, dtype=torch.float64) - n).clamp(min=0.0)
+            n_max = torch.ceil(1.2 * spare / n).long()
         elif n_max is None:
             n_max = cands.num_nodes
         selection = select_adaserve(shaped, required, plan.budget, n_max, weight)
         expected = None
-        if self.config.budget_rule == "cost":
-            expected = float(torch.where(selection.mask, exact, 0.0).sum())
+        if self.config.budget_rule == "cost":  # a 0-d tensor: read after the verify
+            expected = torch.where(selection.mask, exact, 0.0).sum()
         return selection, required, plan, expected
 
     def decide(self, it: IterationInput) -> Decision:

@@ -87,15 +87,17 @@ class Decision:
       effort (counted in the statistics);
     - early_exit: the verify pass's token-wise early exit (`early_exit`), or None;
     - predicted_accepted: the accepted draft tokens the calibration expects of the selection,
-      where the policy computed the calibrated f' anyway (None: `observe` computes it)."""
+      where the policy computed the calibrated f' anyway (None: `observe` computes it).
+    budget and predicted_accepted may be 0-d tensors on the draft's device, computed there
+    between the draft and the verify; `make_outcome` reads them after the verify."""
 
     selection: Selection
     depth: int
     width: int
-    budget: int
+    budget: int | torch.Tensor
     infeasible: torch.Tensor
     early_exit: EarlyExitPlan | None = None
-    predicted_accepted: float | None = None
+    predicted_accepted: float | torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,7 @@ def make_outcome(
         context_tokens=context_tokens,
         draft_steps=it.draft_steps,
         draft_width=it.draft_topk,
-        budget=decision.budget,
+        budget=int(decision.budget),
         depth=decision.depth,
         width=decision.width,
         early_exit=early_exit,
@@ -209,7 +211,9 @@ def make_outcome(
         stall_ms=stall_ms,
         warm_up=warm_up,
         verify_as_decode=verify_as_decode,
-        predicted_accepted=decision.predicted_accepted,
+        predicted_accepted=(
+            None if decision.predicted_accepted is None else float(decision.predicted_accepted)
+        ),
     )
 
 

@@ -52,8 +52,11 @@ from sgl_adaspec.speculative.sglang.runtime import (
     scheduler_started,
     warn_once,
 )
+from sgl_adaspec.speculative.sglang.host_read_count import counted_host_reads
 from sgl_adaspec.speculative.sglang.tree import (
+    DraftTree,
     candidates_from_verify_input,
+    draft_tree,
     deepest_accepted,
     prune_tree,
     scatter_rows,
@@ -275,21 +278,26 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     ):
         return original(worker, batch, *args, **kwargs)
     verify_input = batch.spec_info
-    # The draft tree's parent links, walked once: the candidates, the pruning and the early
-    # exit all read them (pruning only unlinks nodes, so kept nodes keep these parents).
-    scope.parents = verify_tree_parents(verify_input)
-    sync = runtime().tp_sync
-    shape = (len(batch.reqs), verify_input.draft_token_num)
-    it = decision = keep = None
-    if sync.leads:
-        it, decision = _decide(worker, batch, policy, scope)
-        keep = torch.ones(shape, dtype=torch.bool, device=scope.path_prob.device)
-        if decision is not None:
-            keep[:, 1:] = decision.selection.mask
-    keep = sync.mask(keep, shape, scope.path_prob.device)
+    with counted_host_reads() as reads:
+        tree = draft_tree(verify_input, scope.path_prob, marked=reads is not None)
+        # The draft tree's parent links, walked once: the candidates, the pruning and the early
+        # exit all read them (pruning only unlinks nodes, so kept nodes keep these parents).
+        scope.parents = verify_tree_parents(tree)
+        sync = runtime().tp_sync
+        shape = (len(batch.reqs), verify_input.draft_token_num)
+        it = decision = keep = None
+        if sync.leads:
+            it, decision = _decide(worker, batch, policy, scope, tree)
+            keep = torch.ones(shape, dtype=torch.bool, device=tree.path_prob.device)
+            if decision is not None:
+                keep[:, 1:] = decision.selection.mask
+        keep = sync.mask(keep, shape, tree.path_prob.device)
+        if decision is not None or not sync.leads:
+            prune_tree(tree, keep, scope.parents)
+    if reads is not None:
+        policy.stats.observe_host_reads(reads.count, reads.sites)
     if decision is None and sync.leads:  # the full tree, as every rank got it
         return original(worker, batch, *args, **kwargs)
-    prune_tree(verify_input, keep, scope.parents)
     scope.policy_input, scope.decision, scope.keep = it, decision, keep
     clock = runtime().clock
     start = clock.now()
@@ -307,11 +315,11 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     return result
 
 
-def _decide(worker, batch, policy: PolicyBase, scope: Iteration):
+def _decide(worker, batch, policy: PolicyBase, scope: Iteration, tree: DraftTree):
     """The policy's input and decision, or (None, None) if the policy raised: the full tree is
     then verified, because the policy must never take the server down."""
     try:
-        it = iteration_input(worker, batch, policy, scope)
+        it = iteration_input(worker, batch, policy, scope, tree)
         with policy_calls():
             decision = policy.decide(it)
         for req, hopeless in zip(batch.reqs, decision.infeasible.tolist()):
@@ -322,14 +330,16 @@ def _decide(worker, batch, policy: PolicyBase, scope: Iteration):
     return it, decision
 
 
-def iteration_input(worker, batch, policy: PolicyBase, scope: Iteration) -> IterationInput:
+def iteration_input(
+    worker, batch, policy: PolicyBase, scope: Iteration, tree: DraftTree
+) -> IterationInput:
     """What the policy sees of this iteration (see `IterationInput`)."""
     reqs = batch.reqs
-    spec_info = batch.spec_info
-    cands = candidates_from_verify_input(spec_info, scope.path_prob, scope.parents)
-    blind = draft_blind(reqs).to(cands.path_prob.device)
+    cands = candidates_from_verify_input(tree, scope.parents)
+    blind = draft_blind(reqs)  # [B] bool, host
     if bool(blind.any()):  # the draft never read their prompts: nothing of theirs pays
-        cands = cands.with_path_prob(cands.path_prob.masked_fill(blind.unsqueeze(1), 0.0))
+        blind = blind.to(cands.path_prob.device, non_blocking=True).unsqueeze(1)
+        cands = cands.with_path_prob(cands.path_prob.masked_fill(blind, 0.0))
     depth, width = scope.draft_ran or (worker.speculative_num_steps, worker.topk)
     return IterationInput(
         cands=cands,
@@ -401,7 +411,7 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
             # Exited nodes leave the tree: acceptance stops at their parents (lossless).
             rows = rows[~run.exited]
             keep = torch.zeros_like(keep).view(-1).index_fill_(0, rows, True).view(keep.shape)
-            prune_tree(spec_info, keep, scope.parents)
+            prune_tree(draft_tree(spec_info, scope.path_prob), keep, scope.parents)
     scatter_rows(result.logits_output, rows, keep.numel())
     return result
 

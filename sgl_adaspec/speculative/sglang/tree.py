@@ -3,60 +3,87 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
-from sgl_adaspec.platform.cpu.ops import NO_NODE, sibling_links, tree_parent_nodes
-from sgl_adaspec.speculative.candidates import Candidates, cap_at_parents
+from sgl_adaspec.platform.cpu.ops import NO_NODE, sibling_links
+from sgl_adaspec.speculative.candidates import Candidates, path_min
+from sgl_adaspec.speculative.host_reads import on_device
 
 
-def verify_tree_parents(verify_input) -> torch.Tensor:
-    """[bs, ntok] int64 (CPU): each node's parent in SGLang's verify tree (node 0 = root),
-    NO_NODE for roots and unlinked nodes."""
-    links = (verify_input.retrieve_next_token.tolist(), verify_input.retrieve_next_sibling.tolist())
-    return torch.tensor(tree_parent_nodes(*links), dtype=torch.long)
+@dataclass(frozen=True)
+class DraftTree:
+    """SGLang's verify tree as the plugin reads it, between the draft and the verify: views of
+    `EagleVerifyInput`'s tensors (pruning writes through them) and the draft's f.
+    - draft_token [bs * ntok] int: each node's token, node 0 the root;
+    - next_token / next_sibling [bs, ntok] int64: SGLang's first-child / next-sibling links;
+    - path_prob [bs, ntok - 1] float: f of the nodes but the root."""
+
+    draft_token: torch.Tensor
+    next_token: torch.Tensor
+    next_sibling: torch.Tensor
+    path_prob: torch.Tensor
 
 
-def candidates_from_verify_input(
-    verify_input, path_prob: torch.Tensor, parents: torch.Tensor
-) -> Candidates:
+def draft_tree(verify_input, path_prob: torch.Tensor, marked: bool = False) -> DraftTree:
+    """The tree of SGLang's `verify_input`; `marked`: its tensors as device-resident
+    (`host_reads.on_device`), for counting the host reads made of them."""
+    mark = on_device if marked else (lambda tensor: tensor)
+    return DraftTree(
+        draft_token=mark(verify_input.draft_token),
+        next_token=mark(verify_input.retrieve_next_token),
+        next_sibling=mark(verify_input.retrieve_next_sibling),
+        path_prob=mark(path_prob),
+    )
+
+
+def verify_tree_parents(tree: DraftTree) -> torch.Tensor:
+    """[bs, ntok] int64 on the tree's device: each node's parent in SGLang's verify tree (node
+    0 = root), NO_NODE for the root and unlinked nodes. Tensor work only: a node's parent is
+    that of the first sibling of its chain, found by pointer jumping over the sibling links."""
+    bs, ntok = tree.next_token.shape
+    nodes = torch.arange(ntok, device=tree.next_token.device).expand(bs, ntok)
+    # Scatter through a spare last column, where unlinked entries land and are dropped.
+    spare = torch.full((bs, ntok + 1), NO_NODE, dtype=torch.long, device=nodes.device)
+    first_child = tree.next_token.long()
+    parent_of_first = spare.clone().scatter_(
+        1, torch.where(first_child >= 0, first_child, ntok), nodes
+    )[:, :ntok]
+    sibling = tree.next_sibling.long()
+    previous = spare.clone().scatter_(1, torch.where(sibling >= 0, sibling, ntok), nodes)
+    head = torch.where(previous[:, :ntok] >= 0, previous[:, :ntok], nodes)
+    for _ in range(max(math.ceil(math.log2(max(ntok, 2))), 1)):
+        head = torch.gather(head, 1, head)
+    return torch.gather(parent_of_first, 1, head)
+
+
+def candidates_from_verify_input(tree: DraftTree, parents: torch.Tensor) -> Candidates:
     """SGLang's verify tree (node 0 = root; `parents` from `verify_tree_parents`) as the policy's
-    Candidates (root excluded)."""
-    bs, ntok = verify_input.retrieve_next_token.shape
-    draft_tokens = verify_input.draft_token.view(bs, ntok)
+    Candidates (root excluded), on the tree's device, tensor work only."""
+    bs, ntok = tree.next_token.shape
     node_parents = parents[:, 1:] - 1  # root (0) -> -1; unlinked (NO_NODE) -> -2
     # A node is a candidate only if its whole path is linked.
-    valid = node_parents >= -1
-    for _ in range(ntok - 1):
-        parent_valid = torch.gather(valid, 1, node_parents.clamp(min=0))
-        closed = valid & ((node_parents == -1) | parent_valid)
-        if torch.equal(closed, valid):
-            break
-        valid = closed
+    valid = path_min(node_parents >= -1, node_parents.clamp(min=-1))
     node_parents = torch.where(valid, node_parents, -1)
-    prob = path_prob.float().cpu().clamp(0.0, 1.0)
     # f never exceeds the parent's (Candidates checks it); enforce it against rounding.
-    prob = cap_at_parents(prob, node_parents)
-    return Candidates(
-        tokens=draft_tokens[:, 1:].long().cpu(),
+    prob = path_min(tree.path_prob.float().clamp(0.0, 1.0), node_parents)
+    return Candidates.trusted(
+        tokens=tree.draft_token.view(bs, ntok)[:, 1:].long(),
         parents=node_parents,
         path_prob=prob,
         valid=valid,
     )
 
 
-def prune_tree(verify_input, keep: torch.Tensor, parents: torch.Tensor) -> None:
+def prune_tree(tree: DraftTree, keep: torch.Tensor, parents: torch.Tensor) -> None:
     """Unlink every node not in `keep` [bs, ntok] (closed under parent) from the verify tree
-    whose parent links are `parents` (`verify_tree_parents`). Keeping every node leaves the
-    links as they are: relinking them took ~1 ms of a speculative iteration at 8 requests on
-    a CPU, where a chain verified whole is the common case for a draft that reads well."""
-    keep = keep.cpu()
-    if bool(keep.all()):
-        return
-    next_token = verify_input.retrieve_next_token
-    parents = torch.where(keep, parents, NO_NODE)
-    first_child, next_sib = sibling_links(parents)
-    verify_input.retrieve_next_token.copy_(first_child.to(next_token.device))
-    verify_input.retrieve_next_sibling.copy_(next_sib.to(next_token.device))
+    whose parent links are `parents` (`verify_tree_parents`), on the tree's device. Keeping
+    every node relinks the tree as it was (SGLang's links follow `sibling_links`' order)."""
+    first_child, next_sib = sibling_links(torch.where(keep, parents, NO_NODE))
+    tree.next_token.copy_(first_child)
+    tree.next_sibling.copy_(next_sib)
 
 
 def scatter_rows(logits_output, rows: torch.Tensor, num_rows: int) -> None:
