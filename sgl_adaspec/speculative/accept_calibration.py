@@ -98,7 +98,7 @@ class AcceptanceCalibration:
         self._fit = None
         self.version += 1
 
-    def _knots(self) -> tuple:
+    def fit(self) -> tuple:
         """(f [M] ascending, g [M] non-decreasing, (0, 0) first: the bins with trials; the
         segments between them)."""
         if self._fit is None:
@@ -148,7 +148,7 @@ class AcceptanceCalibration:
     def _knots_on(self, device: torch.device) -> tuple:
         """The fit's knots and segments on `device`, copied there once per fit (the fit is
         made on the host from outcomes; the draft's f stay where the draft wrote them)."""
-        knots, _, segments = self._knots()
+        knots, _, segments = self.fit()
         if device.type == "cpu":
             return knots, segments
         if self._moved is None or self._moved[0] != (self.version, device):

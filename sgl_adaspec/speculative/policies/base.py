@@ -326,6 +326,10 @@ class PolicyBase:
                 self.steady_plain(outcome),
             )  # fmt: skip
         self._previous_plain = 0 if outcome.speculated else len(outcome.rids)
+        # The fits the next decision reads, made now, after the verify (under SGLang's overlap
+        # scheduler beside the device's work), not between the next draft and its verify.
+        self.verify_latency.coefficients()
+        self.acceptance.fit()
 
     def steady_plain(self, outcome: Outcome) -> bool:
         """Whether `outcome` (before `observe` takes it) is a steady plain iteration, a plain
