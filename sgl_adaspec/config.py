@@ -104,6 +104,14 @@ class AdaspecConfig:
         metavar="GB",
         check=_check_positive,
     )
+    draft_tier_capture_s: float | None = flag(
+        None,
+        "Stop building draft tiers once building them (their CUDA graph captures) has taken "
+        "longer than this many seconds (default: no cap; the startup log reports what they "
+        "took).",
+        metavar="S",
+        check=_check_positive,
+    )
     gpu_draft_tiers: str = flag(
         "off",
         "on: build the draft tiers on CUDA too, each capturing its draft, draft-extend and "

@@ -68,6 +68,14 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
         "SCALE: 0.5 for a host CPU twice as fast) to the simulated clock, as a server pays it; "
         "results then vary from run to run (default 0: not charged)",
     )
+    parser.add_argument(
+        "--charge-critical-path",
+        action="store_const",
+        const=True,
+        help="with --charge-policy-time: charge only each policy's decision between the draft "
+        "and the verify; its plan and observe run beside the device's work under SGLang's "
+        "overlap scheduler",
+    )
     args = vars(parser.parse_args(argv))
     experiment = args.pop("experiment")
     given = {k: v for k, v in args.items() if v is not None}

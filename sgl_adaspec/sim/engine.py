@@ -56,6 +56,10 @@ class EngineConfig:
     # on this host) times this scale is charged to the simulated clock, as a server's scheduler
     # pays it on every iteration. 0: not charged (the default; results stay deterministic).
     policy_time_scale: float = 0.0
+    # Charge only the policy's time between the draft and the verify (`decide`: the verify
+    # cannot launch before it), not the plan before the draft nor `observe`, which under
+    # SGLang's overlap scheduler run beside the device's work of the iteration before.
+    charge_critical_path: bool = False
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1 or self.max_prefill_tokens < 1:
@@ -252,6 +256,7 @@ class Instance:
             self.running, self.now, self.workload, self.latency, self.acceptance, self.policy,
             self.rng, self.alpha[self.running], self.beta[self.running], tokens, result,
             self.after_prefill, self.stall_ms, config.policy_time_scale,
+            config.charge_critical_path,
         )  # fmt: skip
         self.after_prefill, self.stall_ms = False, 0.0
         if not finished.any():
@@ -289,6 +294,7 @@ def _decode_iteration(
     after_prefill: bool,
     stall_ms: float = 0.0,
     policy_time_scale: float = 0.0,
+    charge_critical_path: bool = False,
 ) -> tuple[float, np.ndarray]:
     """One speculative (or plain) decode iteration of the running batch (alpha, beta [n]: the
     running requests' acceptance parameters; stall_ms: the prefills they waited on since their
@@ -327,6 +333,8 @@ def _decode_iteration(
     decision = policy.decide(slo, draft, tuple(str(i) for i in running), context_lens)
     # On a server the policy's decisions sit inside the iteration it times; its observe after.
     decide_ms = 1000.0 * (host_clock() - decide_started - simulated_s) * policy_time_scale
+    if charge_critical_path:
+        decide_ms = 1000.0 * getattr(policy, "critical_s", 0.0) * policy_time_scale
     if decision.trees is None:
         accepted, deepest = np.zeros(running.size, dtype=np.int64), None
     else:
@@ -345,6 +353,8 @@ def _decode_iteration(
     observe_started = host_clock()
     policy.observe(decision, accepted, elapsed_ms, verify_ms, deepest, after_prefill, stall_ms)
     observe_ms = 1000.0 * (host_clock() - observe_started) * policy_time_scale
+    if charge_critical_path:
+        observe_ms = 0.0
     result.policy_ms += decide_ms + observe_ms
     result.iterations += 1
     result.request_iterations += running.size

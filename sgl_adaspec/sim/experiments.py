@@ -56,6 +56,7 @@ class SweepConfig:
     replicas: int = 1
     # Charge each policy's own wall time to the simulated clock (`EngineConfig`); 0: not.
     policy_time_scale: float = 0.0
+    charge_critical_path: bool = False  # of it, only `decide`'s (`EngineConfig`)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -160,6 +161,7 @@ class SweepSetup:
             EngineConfig(
                 max_running_requests=config.max_running_requests,
                 policy_time_scale=config.policy_time_scale,
+                charge_critical_path=config.charge_critical_path,
             ),
             seeds,
         )

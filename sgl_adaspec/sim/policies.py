@@ -269,11 +269,15 @@ class ServerPolicy:
     num_draft_tokens: int | None = 8
     planned_shape: bool = True
     speculates: bool = True
+    # Host seconds of the last iteration's `decide` between its draft and its verify (0 for a
+    # plain one); the engine charges them with `EngineConfig.charge_critical_path`.
+    critical_s: float = 0.0
 
     def decide(
         self, slo: SloBatch, draft: Drafter, rids: tuple[str, ...], context_lens: np.ndarray
     ) -> Decision:
         num_requests = slo.num_requests
+        self.critical_s = 0.0
         with policy_calls():
             depth, width = self.policy.draft_shape(num_requests, self.depth, self.width, slo)
             warm = depth == 0 and self.policy.keep_draft_warm()
@@ -288,8 +292,10 @@ class ServerPolicy:
             kept = select_static(cands, self.num_draft_tokens - 1).mask
             cands = Candidates(cands.tokens, cands.parents, cands.path_prob, kept)
         it = IterationInput(cands, slo, rids, torch.from_numpy(context_lens), depth, width)
+        started = _host_clock()
         with policy_calls():
             decision = self.policy.decide(it)
+        self.critical_s = _host_clock() - started
         self._pending = (it, decision, rids, int(context_lens.sum()))
         return Decision(
             _beam_forwards(num_requests, depth, width),
@@ -378,3 +384,10 @@ def make_policy(name: str, budget: int, baseline_tpot_ms: float) -> SimPolicy:
         return adaserve_sim(adaserve_config(budget, baseline_tpot_ms), name, planned=False)
     names = ", ".join(POLICY_NAMES + EXTRA_POLICY_NAMES)
     raise KeyError(f"unknown simulator policy {name!r}; choose one of: {names}")
+
+
+def _host_clock() -> float:
+    """The engine's host clock (tests replace `engine.host_clock`), read where it is now."""
+    from sgl_adaspec.sim import engine
+
+    return engine.host_clock()

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+import torch
 
 from sgl_adaspec.scheduler.cost_model import knee_budget
+from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 from sgl_adaspec.sim.acceptance import SYNTHETIC_DEFAULT, zero_acceptance
 from sgl_adaspec.sim.acceptance import resolve as resolve_acceptance
@@ -16,6 +18,7 @@ from sgl_adaspec.sim import engine
 from sgl_adaspec.sim.engine import EngineConfig, simulate
 from sgl_adaspec.sim.latency import get_preset
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES, Decision, make_policy
+from sgl_adaspec.sim.trees import draft_trees
 from sgl_adaspec.sim.workload import WorkloadArrays, poisson_workload
 
 ALL_POLICIES = POLICY_NAMES + EXTRA_POLICY_NAMES
@@ -298,6 +301,7 @@ class _SlowPolicy:
     decide_s: float
     observe_s: float
     observed_ms: list = field(default_factory=list)
+    critical_s: float = 0.001  # of decide_s, between the draft and the verify
 
     def __post_init__(self) -> None:
         self.name, self.speculates = self.inner.name, self.inner.speculates
@@ -346,9 +350,9 @@ def test_a_charged_policy_pays_its_own_time_on_the_simulated_clock(monkeypatch):
     latency = get_preset("h100-llama8b")
     monkeypatch.setattr(engine, "host_clock", _CLOCK)
 
-    def run(scale: float) -> tuple:
+    def run(scale: float, critical_path: bool = False) -> tuple:
         slow = _SlowPolicy(make_policy("none", 64, latency.baseline_tpot_ms), 0.004, 0.002)
-        config = EngineConfig(policy_time_scale=scale)
+        config = EngineConfig(policy_time_scale=scale, charge_critical_path=critical_path)
         result = simulate(workload, latency, SYNTHETIC_DEFAULT, slow, 0, config)
         return result, slow.observed_ms
 
@@ -365,6 +369,46 @@ def test_a_charged_policy_pays_its_own_time_on_the_simulated_clock(monkeypatch):
     assert charged.policy_ms == pytest.approx(1000 * decode_s, rel=1e-6)
     with pytest.raises(ValueError, match="policy_time_scale"):
         EngineConfig(policy_time_scale=-1.0)
+    # Charging the critical path only: of each iteration, the `critical_s` its decision spent
+    # between the draft and the verify (here 1 ms of the 4), nothing of observe.
+    critical, critical_ms = run(0.5, critical_path=True)
+    extra = np.array(critical_ms) - np.array(plain_ms)
+    assert extra == pytest.approx(np.full(iterations, 0.5))
+    decode_s = critical.finish_s[0] - plain.finish_s[0]
+    assert decode_s == pytest.approx(iterations * 0.0005)
+
+
+def test_a_server_policy_times_its_decision_between_draft_and_verify(monkeypatch):
+    """`ServerPolicy.critical_s`: the host time of the policy's `decide` alone, not of the
+    plan before the draft nor of the draft itself."""
+    monkeypatch.setattr(engine, "host_clock", _CLOCK)
+    server = make_policy("adaserve", 64, get_preset("h100-llama8b").baseline_tpot_ms)
+    inner = server.policy
+
+    def plan(*args):
+        _busy(0.003)
+        return 2, 2
+
+    def decide(it):
+        _busy(0.001)
+        return type(inner).decide(inner, it)
+
+    monkeypatch.setattr(inner, "draft_shape", plan)
+    monkeypatch.setattr(inner, "decide", decide)
+    rng = np.random.default_rng(0)
+    alpha, beta = np.full(2, 2.0), np.full(2, 2.0)
+    slo = SloBatch(
+        tpot_slo_ms=torch.tensor([50.0, 50.0], dtype=torch.float64),
+        decode_elapsed_ms=torch.zeros(2, dtype=torch.float64),
+        tokens_out=torch.zeros(2, dtype=torch.float64),
+    )
+
+    def draft(depth, width):
+        _busy(0.010)
+        return draft_trees(SYNTHETIC_DEFAULT, rng, alpha, beta, depth, width)
+
+    server.decide(slo, draft, ("a", "b"), np.array([100, 100]))
+    assert server.critical_s == pytest.approx(0.001)
 
 
 @pytest.mark.parametrize("policy", ["adaserve", "tetris"])

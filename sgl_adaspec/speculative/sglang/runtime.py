@@ -192,7 +192,8 @@ def build_tiers(
         logger.info("sgl_adaspec: draft tiers %s", path)
         return None
     tiers = build_tier_states(
-        worker, shapes, config.draft_tier_memory_gb, lambda stop: bool(sync.value(stop))
+        worker, shapes, config.draft_tier_memory_gb, lambda stop: bool(sync.value(stop)),
+        time_cap_s=config.draft_tier_capture_s,
     )
     if tiers is not None:
         counts = {shape: graph_counts(state) for shape, state in tiers.states.items()}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,10 +59,13 @@ def build_tier_states(
     shapes: tuple[Shape, ...],
     memory_cap_gb: float | None = None,
     agree: Callable[[bool], bool] = lambda stop: stop,
+    time_cap_s: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> TierStates | None:
     """A runtime state per shape of `shapes` (the first is the configured one, taken as it
-    stands), built in order until their graphs have taken more than `memory_cap_gb` (the tier
-    that crosses it is kept: its memory is spent). `agree`: rank 0's stop decision on every
+    stands), built in order until their graphs have taken more than `memory_cap_gb` or the
+    builds more than `time_cap_s` seconds (the tier that crosses a cap is kept: its cost is
+    spent). `agree`: rank 0's stop decision on every
     rank of a TP group (graph captures are collective, so all ranks build the same tiers).
     None where this worker cannot build states (the tiers and warm plain iterations are then
     off)."""
@@ -81,7 +85,7 @@ def build_tier_states(
             configured.cuda_graph_runner_for_draft_extend,
         )
     )
-    used_gb = 0.0
+    used_gb, started = 0.0, clock()
     try:
         for shape in shapes:
             if shape in states:
@@ -91,10 +95,14 @@ def build_tier_states(
             cost = before - get_available_gpu_memory(worker.device, worker.gpu_id) if graphs else 0
             states[shape] = state
             used_gb += max(cost, 0.0)
-            if agree(memory_cap_gb is not None and used_gb > memory_cap_gb):
+            used_s = clock() - started
+            over_memory = memory_cap_gb is not None and used_gb > memory_cap_gb
+            over_time = time_cap_s is not None and used_s > time_cap_s
+            if agree(over_memory or over_time):
                 logger.info(
-                    "sgl_adaspec: draft tiers stop at %s: %.2f GB > --draft-tier-memory-gb %s",
-                    shape, used_gb, memory_cap_gb,
+                    "sgl_adaspec: draft tiers stop at %s: %.2f GB (--draft-tier-memory-gb %s), "
+                    "%.1f s (--draft-tier-capture-s %s)", shape, used_gb, memory_cap_gb, used_s,
+                    time_cap_s,
                 )  # fmt: skip
                 break
     except Exception as exc:  # never stop the server: it then runs the configured search only
