@@ -7,12 +7,10 @@ f' (AdaServe Theorem 3.1 with calibrated probabilities).
 
 Before the draft (`plan_shape`): for every draft shape (d, w) and node count k per request, an
 iteration of T = draft ms(d, rows) + verify ms(n (1 + k), context) commits each request of SLO
-group g 1 + gain_g(d, w, k) tokens (`ShapeGain`, learned from the drafts that ran: the group's
-share of the batch's n k best nodes, as the selection spends them); the objective is how many
-requests that pace keeps on course for their SLO (`SloOutlook`), throughput breaking ties. A
-plain decode is scored the same way, and no shape may slow a request below a plain decode's
-pace where a plain decode would keep it on course (unless that slower pace still keeps it
-on course with room to spare), so on hardware where verifying or drafting costs more than it
+group g 1 + gain_g(d, w, k) tokens (`ShapeGain`); the objective is how many requests that pace
+keeps on course for their SLO (`SloOutlook`), throughput breaking ties. A plain decode is
+scored the same way, and no shape may slow a request a plain decode would keep on course below
+a plain decode's pace (barring room to spare), so where verifying or drafting costs more than it
 returns the plan is depth 0, and where verification is nearly free the full tree wins.
 After the draft (`cost_budget`), with the draft paid: the prefix of the batch-wide ranking by
 f' that maximizes expected committed tokens per ms.
@@ -83,19 +81,17 @@ class ShapeGain:
     The shapes are a grid: depths 1..max_depth, widths `draft_widths(max_width)`, fixed by the
     first draft (the configured search). A draft of shape (D, W) shows every shape (d <= D,
     w <= W): its beam restricted to that shape is the beam a smaller search would have kept.
-    So shapes drafted recently are known from what they returned, and larger ones from the
-    last drafts that reached them (the policy drafts the full shape now and then to keep them
-    known). Within a shape, nodes ranked by f form a prefix closed under parent (f never grows
-    from parent to child), so the k best are a tree. Drafts are kept as raw f and the tables
-    rebuilt with the current calibration (`refresh`), so an early, uncalibrated f does not
-    linger."""
+    Larger shapes are known from the last drafts that reached them (the policy drafts the full
+    shape now and then). Within a shape, nodes ranked by f form a prefix closed under parent
+    (f never grows from parent to child), so the k best are a tree. Drafts are kept as raw f
+    and the tables rebuilt with the current calibration (`refresh`), so an early,
+    uncalibrated f does not linger."""
 
     max_nodes: int = 64
     drafts: int = 8
     # The most requests of a draft it keeps: a sample evenly spread over the batch, from an
-    # offset that turns with each draft. The table is a mean per request, and what a plan
-    # costs must not grow with the batch (simulator, h100-llama8b rate 48, ~45 running: the
-    # table's share of a plan was ~4 of ~7 ms per speculative iteration on this host).
+    # offset that turns with each draft. The table is a mean per request, and a plan's cost
+    # must not grow with the batch.
     max_rows: int = 24
     max_depth: int = 0
     max_width: int = 0
@@ -197,25 +193,17 @@ class ShapeGain:
         # Per group, its pool of nodes per shape, best first, as node indices, cut after the
         # last node with f > 0 (f' of 0 is 0). The calibration is non-decreasing, so it keeps
         # the pool's order: a refresh calibrates each draft's B * N nodes once and sums, and
-        # sorts nothing (recalibrating and re-sorting the pools of 8 x 4 drafts at every plan
-        # was ~90 % of the plan's time: simulator, a100 rate 8, 41 ms each).
-        # Pools are kept for the shapes this draft reached alone (the others' are empty), and
-        # a planned draft reaches few of the grid's shapes: sorting and, at each
-        # recalibration, summing the empty rows was most of the gain table's time.
+        # sorts nothing (re-sorting at every plan was most of a plan's time). Pools are kept only
+        # for the shapes this draft reached: a planned draft reaches few of the grid's.
         filler = node_ids.new_full((), bsz * nodes)
         ranked, node_ids = ranked[reached], node_ids[reached]
-        # Each SLO group's pool is its share of the pool of all requests: the selection
-        # after the draft ranks the whole batch by f', so a group the draft reads badly gets
-        # fewer of the batch's nodes than its requests' count times k. Pooled within each
-        # group instead, the plan expected chat to verify 4.8 nodes per request where it
-        # verified 2.6, and 3.5 tokens where it committed 2.8 (simulator, a100 rate 8).
-        # The pool of all is ranked as that selection ranks: by f x the request's weight. By
-        # raw f, not f': the pool is sorted once and recalibrated unsorted, and between two
-        # requests of different weights the monotone calibration may swap a near tie, an
-        # error of a node or so. Ranked by f alone while the selection weighed leads, the
-        # plan expected more tokens than were delivered, the track record's margin rose and
-        # the guard stood down under load (simulator, trace rps4.8 1.5x, seed 0: 159
-        # iterations at >= 24 running, 69 without the weight).
+        # Each SLO group's pool is its share of the pool of all requests, not a pool of its
+        # own: the selection after the draft ranks the whole batch by f', so a group the draft
+        # reads badly gets fewer than k nodes per request, and a per-group pool overpredicts
+        # it. The pool of all is ranked as that selection ranks, by f x the request's weight
+        # (else the plan overpredicts, and the track record stands speculation down). By raw
+        # f, not f': the pool is sorted once and recalibrated unsorted; between requests of
+        # different weights the monotone calibration may swap a near tie, a node or so.
         seen_rows = int(seen.sum())
         if rank_weight is not None:
             ranked = ranked * rank_weight.double().cpu().view(1, -1, 1)
@@ -290,10 +278,8 @@ class ShapeGain:
         pools of every group and draft (a pool has one row per shape its draft reached: a
         shape it did not reach gains 0, which `refresh` weighs 0); each pool's node indices
         are shifted to index them all, and every draft's last node (f = 0) pads a short row.
-        Chunks, not one call per group: a call is some twenty small torch ops, and per group
-        they were most of a refresh that recalibrates one new draft (h100-llama8b rate 16,
-        four groups); and not one call for all: the pools of 8 kept drafts' groups in one
-        call took 1.5x as long as one call per group (they outgrow a cache)."""
+        Chunks: a call is some twenty small torch ops, too many to make per group, while all
+        pools in one call outgrow a cache and run slower."""
         drafted = [draft.flat_f for draft in drafts]
         starts = [0, *itertools.accumulate(len(flat_f) for flat_f in drafted)]
         node_f = calibrate(torch.cat(drafted))
@@ -320,8 +306,7 @@ class ShapeGain:
         counts = torch.tensor([counts for _, counts, _, _ in entries])  # [E, 2]
         requests = torch.repeat_interleave(counts[:, 0], lengths)
         pool_rows = torch.repeat_interleave(counts[:, 1], lengths)
-        # index_select, not node_f[rows]: the same gather, ~3x faster on this many nodes
-        # (~100k-800k at a recalibration under load).
+        # index_select, not node_f[rows]: the same gather, ~3x faster at ~100k-800k nodes.
         pool = node_f.index_select(0, rows.flatten()).view(len(rows), 1, -1)
         gained = pooled_gain(pool, requests, self.max_nodes, pool_rows)
         reached = torch.stack([draft.reached for _, _, draft, _ in entries])  # [E, S]
@@ -337,9 +322,8 @@ class _KeptDraft:
     group (each SLO group's key, and _ALL) its share of the pool of all requests [S_r, L]
     (node indices, best first, for each of the S_r shapes it reached; the other requests'
     nodes read as the last node, f = 0), its rows R and the pool's rows, the shapes it
-    reached [S] bool, and its
-    gains per group [S, K] with the fit they were computed under (`ShapeGain.refresh`; none
-    until the first refresh after it)."""
+    reached [S] bool, and its gains per group [S, K] with the fit they were computed under
+    (`ShapeGain.refresh`; none until the first refresh after it)."""
 
     flat_f: torch.Tensor
     pools: dict
@@ -369,11 +353,10 @@ def pooled_gain(
     pool_rows[e] requests (default: requests[e]), best first (the nodes past L read 0; nodes
     of requests outside the R_e = requests[e] counted read 0 too) -> [E, S, K = nodes]: for
     k = 1..K, the expected accepted draft tokens per counted request of the pool's P_e * k best
-    nodes (a batch-wide budget of k nodes per request, as `cost_budget` spends it). Pooled, not each
-    request's own k best: requests the draft reads well take more than k nodes and hard ones
-    fewer, which returns more, the more so the deeper the shape (measured in the simulator: a
-    5-deep chain's per-request mean under-predicted what it committed by 11 %, a 2-deep one's
-    by ~4 %, so the plan chose too shallow under load)."""
+    nodes (a batch-wide budget of k nodes per request, as `cost_budget` spends it). Pooled, not
+    each request's own k best: requests the draft reads well take more than k nodes and hard
+    ones fewer, which returns more, the more so the deeper the shape; a per-request mean
+    under-predicts deep shapes, and the plan would choose too shallow under load."""
     entries, shapes, length = pool.shape
     if length == 0:
         return pool.new_zeros(entries, shapes, nodes)
@@ -454,32 +437,27 @@ def plan_shape(
     least as high. None when a model has no observation yet.
 
     slo: the running requests' SLO state; plain_ms: a plain iteration's predicted wall time
-    (measured apart: `PolicyBase.plain_latency`); margin: how much more tokens per ms than a
-    plain decode a guarded SLO group must expect for speculation to be chosen, unless the
-    batch expects that much and the group `guard_margin` (default: `margin`): the switch's
-    hysteresis is the batch's to clear, a group's own guard is only the plans' prediction
-    error;
-    wall_per_decode: the wall time a request spends per ms of decode iterations, stalls for
-    prefills included (`PolicyBase.wall_per_decode`); spread: the measured spread of the log
-    wall time of iterations (`PolicyBase.wall_spread`), how uncertain a request's future pace
-    is; max_width: the widest beam to choose (None: any), AdaServe's load-adaptive width
-    (eq. 9) in the policy.
-    A request of group g commits e(s, k) = 1 + its group's gain tokens (its share of the
-    batch-wide k best nodes per request, as the selection after the draft spends them) in an
-    iteration of T(s, n (1 + k) verified tokens) ms, and W = T x wall_per_decode passes.
-    The objective is the expected count of SLO requests that pace keeps on course, plus
-    `THROUGHPUT_TIE` per request-equivalent of speed-up over a plain decode: speed goes to
-    the requests whose SLO it decides, not to those far ahead or beyond recovery; the rest of
-    the choice is throughput, which also drains the queue. A shape under which some guarded
-    SLO group expects fewer tokens per ms than a plain decode gives (by `guard_margin`, or by
-    `margin` where the batch does too) is no choice: no request that a plain decode would
-    keep on its SLO is slowed down to speed up others, unless the shape too keeps each such
-    request on course with room to spare (`GUARD_SIGMAS` spreads and the margin in log pace)
-    and speeds up the batch by the margin. A group guards its requests where a plain decode
-    would keep at least one of them on course; every best-effort group is guarded (a request
-    blind to the draft, `SloBatch.draft_blind`, gains nothing from any shape, so while a
-    guarded one runs the plan is a plain decode). The draft's cost is priced by its rows, so
-    a wide beam must return more than its n * w rows per step cost."""
+    (`PolicyBase.plain_latency`); margin: how much more tokens per ms than a plain decode a
+    guarded SLO group must expect, unless the batch expects that much and the group
+    `guard_margin` (default: `margin`): the switch's hysteresis is the batch's to clear, a
+    group's own guard only the plans' prediction error; wall_per_decode, spread:
+    `PolicyBase.wall_per_decode` and `.wall_spread` (how uncertain a request's future pace
+    is); max_width: the widest beam to choose (None: any), eq. 9's width in the policy.
+
+    A request of group g commits e(s, k) = 1 + its group's gain tokens in an iteration of
+    T(s, n (1 + k) verified tokens) ms, while W = T x wall_per_decode passes. The objective
+    is the expected count of SLO requests that pace keeps on course, plus `THROUGHPUT_TIE`
+    per request-equivalent of speed-up over a plain decode: speed goes to the requests whose
+    SLO it decides, not to those far ahead or beyond recovery; the rest is throughput, which
+    also drains the queue. A shape is no choice where a guarded group expects fewer tokens
+    per ms than a plain decode gives (by `guard_margin`, or `margin` where the batch does
+    too), unless it also keeps each request a plain decode would keep on course with room to
+    spare (`GUARD_SIGMAS` spreads and the margin in log pace) and speeds up the batch by the
+    margin. A group is guarded where a plain decode keeps at least one of its requests on
+    course; best-effort groups always are (so a request blind to the draft,
+    `SloBatch.draft_blind`, which gains nothing from any shape, holds the plan to a plain
+    decode). The draft is priced by its rows: a wide beam must earn back its n * w rows per
+    step."""
     n = slo.num_requests
     if gain.table is None or n == 0:
         return None
@@ -526,9 +504,9 @@ def plan_shape(
     for count, expected, _, _ in groups:
         committed += count * expected
     speedup = committed / iteration * (plain_ms / n)  # over a plain decode's tokens per ms
-    # A guarded group may be served slower than a plain decode would serve it only where the
-    # shape still keeps on course, with room to spare, every request of it that a plain decode
-    # keeps, and speeds up the batch by the margin (which holds the plans' track record).
+    # A guarded group may be served slower than a plain decode only where the shape still keeps
+    # on course, with room to spare, each request a plain decode keeps, and speeds up the batch
+    # by the margin (which holds the plans' track record).
     may_slow = speedup >= 1.0 + margin
     headroom = GUARD_SIGMAS * spread + math.log1p(margin)
     guard_margin = margin if guard_margin is None else min(guard_margin, margin)
@@ -548,9 +526,7 @@ def plan_shape(
     objective = kept + THROUGHPUT_TIE * speedup
     # A draft with no node verified is never better than a plain decode.
     objective[(verified == n) | ~reached.unsqueeze(1)] = -1.0
-    # No request a plain decode would keep on its SLO is served slower than a plain decode
-    # would serve it (by `margin` to switch), however many others the shape would keep,
-    # unless the shape too keeps it on course with room to spare.
+    # No request a plain decode keeps on its SLO is slowed for others, barring room to spare.
     objective[slows_guarded] = -1.0
     best, count = divmod(int(objective.argmax()), size)
     d, w = shapes[best]
@@ -559,10 +535,9 @@ def plan_shape(
     tokens, ms = float(committed[best, count]), float(iteration[best, count])
     plain = float(plain_ms)
     if score < 0:
-        # No allocation is a choice: the plan reports the draft that comes nearest (the most
-        # committed tokens per ms), not whichever verifies nothing ("best draft 1.00 tokens
-        # per request", as the demo printed). Reported only: a plan that stands down is used
-        # for its plain price.
+        # No allocation is a choice: report the draft that comes nearest (the most committed
+        # tokens per ms), not one that verifies nothing. Reported only: a plan that stands
+        # down is used for its plain price.
         rate = committed / iteration
         rate[:, 0] = -math.inf
         rate[~reached] = -math.inf
@@ -592,12 +567,10 @@ def speculation_pays(
 ) -> torch.Tensor:
     """loads [L]: running requests n; plain_ms [L]: a plain decode's price at each (None: not
     measured) -> [L] bool: whether some shape commits more tokens per ms for each of n
-    requests (each at `context_per_request`) than a plain decode at n. A request's speed at
-    load n is what the plan guards (no request served slower than plain), so where this is
-    false at every load a batch reaches, no plan speculates. What a stand-down does with the
-    draft follows from it: at one request (the load a batch shrinks back to) it decides
-    whether a stand-down keeps the draft's state (`AdaservePolicy.keep_draft_warm`); at every
-    load the server has run, whether a new request is prefilled with the draft at all
+    requests (each at `context_per_request`) than a plain decode at n. The plan guards each
+    request's speed, so where this is false at every load a batch reaches, no plan
+    speculates: it decides whether a stand-down keeps the draft's state (at one request,
+    `AdaservePolicy.keep_draft_warm`) and whether new requests are prefilled with the draft
     (`AdaservePolicy.draft_prefills`). True where a model has no observation yet (the gain is
     still to be learned, from a draft whose state was kept)."""
     loads = torch.as_tensor(loads, dtype=torch.float64)

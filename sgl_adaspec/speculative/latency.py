@@ -31,11 +31,8 @@ class LinearLatency:
     iteration once the window is full: a fit costs about a millisecond on a CPU, which a
     plain decode of a small model cannot afford each iteration. Except after a surprise: an
     observation beyond every one held in a size feature (`size_features`), which the fit
-    extrapolated to, and missed by more than `SURPRISE`. A fit through small passes prices a
-    large one from its line, and waiting 16 observations to learn otherwise let plans run on
-    it: in the simulator (a100 rate 8, a burst to 67 running) a verify of 518 tokens priced at
-    63 ms took 121, every plan until the refit speculated on that price, and their shortfall
-    held adaserve's track record down for the rest of the burst (docs/simulator.md).
+    extrapolated to and missed by more than `SURPRISE`: a line through small passes can
+    price a large one at half its cost, and every plan until the refit would trust it.
 
     `version` counts fits, so a caller can reuse what it derived from the last one;
     `surprises` counts surprises, so a caller can drop what it derived from a fit one proved
@@ -157,11 +154,8 @@ class LinearLatency:
         slopes (>= 0), intercept. A slope the least-squares fit makes negative is held at 0
         and, where `refit_held_slopes`, the others are fitted again without it (an active set,
         at most F rounds): held at 0 without that refit, the other slopes keep what they had
-        taken on against it. On the bigram pair, a host slowing mid-run made 4-step drafts of
-        fewer rows measure dearer than wider ones; the rows slope came out negative, and
-        clamped alone it left 6.5 ms per draft step with a -5 ms intercept, so a 1-step draft
-        priced at 1.6 ms (measured: ~11) and the plan ran 1-step drafts that delivered half
-        their promise until it stood down (ad hoc trace, 2026-12-02)."""
+        taken on against it (a negative rows slope, clamped alone, left a steep per-step slope
+        and a negative intercept that priced short drafts far too cheap)."""
         scale = x.abs().amax(dim=-2, keepdim=True).clamp(min=1.0)  # [..., 1, F]: conditioning
         ones = torch.ones_like(x[..., :1])
         xs = torch.cat([x / scale, ones], dim=-1)  # [..., M, F + 1]
@@ -214,23 +208,19 @@ KNEE_RESIDUAL = 0.01
 class VerifyLatency(LinearLatency):
     """A forward's latency vs (tokens T, context tokens): w1 max(T, knee) + w2 log2 T + w3
     context + intercept, all weights >= 0. The log term lets the fit bend down: on a CPU a
-    one-token forward runs at a fraction of an eight-token one's cost per token (SmolLM2 here:
-    76 ms at 1 token, 158 at 8, 338 at 64), and a line through passes of many tokens prices a
-    few-token one ~2x. The knee lets it bend up: on a GPU a forward is flat (memory-bound) up
-    to the knee, then linear (compute-bound), and a line through both parts prices a pass
-    below the knee far too cheap (simulator, h100-llama8b, 52 requests: 0.56x at one token per
-    request, 0.74x at two), so the plan chose shallow drafts under load. The knee is the one of
-    a grid that fits best, kept where the fit without one (knee 1) misses (`KNEE_RESIDUAL`) and
-    the knee cuts its squared error by a fifth (`KNEE_GAIN`). Callers pass (T, context);
-    with_context=False leaves the context out of the fit (the window then follows it as it
-    drifts)."""
+    one-token forward costs a fraction of an eight-token one per token, and a line through
+    passes of many tokens prices a few-token one ~2x. The knee lets it bend up: on a GPU a
+    forward is flat (memory-bound) up to the knee, then linear (compute-bound), and a line
+    through both prices a pass below the knee far too cheap, so the plan drafts too shallow
+    under load. The knee is the one of a grid that fits best, kept where the fit without one
+    (knee 1) misses (`KNEE_RESIDUAL`) and the knee cuts its squared error by a fifth
+    (`KNEE_GAIN`). Callers pass (T, context); with_context=False leaves the context out of
+    the fit (the window then follows it as it drifts)."""
 
-    # A GPU's convex cost draws a negative log-term slope (simulator, a100 rate 8: 52 of 69
-    # fits). Clamped alone, it leaves the token slope fitted beside it, a line steeper than
-    # the least-squares one through the points' mean, which prices big verifies dearer and
-    # small ones cheaper. Refitting the slopes left cost the simulator 0.3-1.1 points of
-    # attainment at a100 rate 8 (3 + 10 + 10 seeds) and 0.1-0.3 at h100-llama8b rates 40
-    # and 48; not studied further, so the verify fits keep the clamp (2026-12-02).
+    # A GPU's convex cost often draws a negative log-term slope; clamped alone, it leaves a
+    # token slope steeper than least squares (big verifies dearer, small ones cheaper). Yet
+    # refitting the other slopes lowered SLO attainment (not studied further), so verify fits
+    # keep the clamp.
     refit_held_slopes: ClassVar[bool] = False
 
     num_features: int = 3

@@ -74,10 +74,8 @@ class PriceRecord:
     """The last PRICE_SPAN measurements at one load of what a fitted price prices, to tell how
     the fit holds there. A plain decode's price is a line fitted over every load the server
     ran, and a few dear iterations at loads a batch passes through (its requests arriving or
-    finishing beside the tokenizer and the client) lift the line at every other load: on
-    SmolLM2 on a CPU it priced a plain decode at 4 and 8 requests 9-11 % over what those took
-    (136 and 153 ms against 123 and 140), and the plan speculated at a predicted 1.3-1.4x
-    edge that was 0.9-1.07x (`benchmarks/cost_aware.py`, decision log, 2026-12-04)."""
+    finishing beside the tokenizer and the client) lift the line at every other load, and
+    the plan would speculate there on an edge that is not real."""
 
     measured: deque = field(default_factory=lambda: deque(maxlen=PRICE_SPAN))
     count: int = 0  # measurements ever made: names the record's state

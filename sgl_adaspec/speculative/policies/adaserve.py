@@ -2,19 +2,14 @@
 
 Pure (tensors and dataclasses, no SGLang): the SGLang adapter (`speculative/sglang/`) hands it
 the candidate trees SGLang's EAGLE draft built and the batch's SLO state, and gets a selection.
-State kept across iterations: the smoothed iteration latency t_spec, which A(r) needs, and what
-the cost model learned (`cost_rule`).
 
 Two budget rules (`AdaserveConfig.budget_rule`):
-- "cost" (the default): speculation is sized by what it returns on this hardware and draft.
-  Before the draft runs, `draft_shape` picks the draft's (depth, width) by an SLO-aware
-  objective over what each shape returned and costs (`cost_rule.plan_shape`), no wider than
-  eq. 9's load-adaptive width, or depth 0 -- no speculation -- when a plain decode scores
-  higher; after it, the verify budget B is the prefix of the batch-wide ranking (calibrated
-  f) that maximizes expected committed tokens per ms of the iteration
-  (`cost_rule.cost_budget`); AdaServe's SLO-customized phase then spends B first, most urgent
-  request first, at most ~1.2 B / n nodes each. Both read a request's need over the wall time
-  an iteration takes, prefill stalls included (`wall_per_decode`).
+- "cost" (default): sized by what speculation returns on this hardware and draft. Before the
+  draft, `draft_shape` picks (d, w) by an SLO-aware objective (`cost_rule.plan_shape`), no
+  wider than eq. 9's width, or depth 0 (no speculation); after it, B maximizes expected
+  committed tokens per ms (`cost_rule.cost_budget`), and AdaServe's SLO-customized phase
+  spends it most urgent request first, at most ~1.2 B / n nodes each. Needs are read over an
+  iteration's wall time, prefill stalls included (`wall_per_decode`).
 - "knee": the paper's rules, kept for comparison: B at the knee of the start-up verify
   profile (or --adaserve-budget), (d, w) from eq. 8-9.
 """
@@ -55,25 +50,19 @@ from sgl_adaspec.speculative.shapes import restrict_to_shape
 from sgl_adaspec.speculative.track_record import PlanTrackRecord, PriceRecord
 
 BUDGET_RULES = ("cost", "knee")
-# Iterations one cost plan may serve while its inputs stand (see `_cost_plan`).
+# Iterations one cost plan may serve while its inputs stand (`_cost_plan`).
 PLAN_REUSE = 8
 # Calibration outcomes between two recalibrations of the gain table's kept drafts.
 GAIN_RECALIBRATION = 8
-# The gain table reads one planned draft in this many (every exploring, probing or unplanned
-# draft): a plan's own shape is drafted nearly every iteration, and reading each was the
-# largest of adaserve's per-iteration costs (~0.8 of ~3.4 ms per speculative iteration on this
-# host, simulator, h100-llama8b rate 48). One in 4 rather than 2: each read also dates the
-# table, so the next plan recomputes it; 4 took adaserve's time per speculative iteration
-# from ~3.5 to ~3.1 ms at h100-llama8b rate 16 and ~3.6 to ~2.7 at 48 (medians of 3 runs,
-# noisy host) and moved attainment by -0.02 +- 0.23 (a100 rate 8) and +0.04 +- 0.36
-# (h100-llama8b rate 48), 24 paired seeds each (docs/results.md, 2026-12-03).
+# The gain table reads one planned draft in this many (and every other draft): the planned
+# shape runs nearly every iteration, reading each was adaserve's largest per-iteration cost,
+# and each read dates the table, so the next plan recomputes it.
 READ_PLANNED_EVERY = 4
 # How far each SLO group's request count may drift from the one a plan was made for while the
 # plan serves (`same_batch`).
 BATCH_DRIFT = 0.2
 # Planned speculative iterations between two plain ones that re-measure a plain decode's
-# price: FIRST_REMEASURE at first, doubling after each to REMEASURE_PLAIN (a few early points
-# let the fit tell a stalled measurement from the price).
+# price: FIRST_REMEASURE, doubling to REMEASURE_PLAIN (early points expose a stalled one).
 FIRST_REMEASURE = 8
 REMEASURE_PLAIN = 128
 # The most an exploring draft of the full configured search may cost beyond the planned draft,
@@ -84,14 +73,10 @@ WARM_SHARE_DECAY = 0.9
 # Plain iterations of one re-measurement: only the second is a steady price (`PolicyBase.observe`).
 REMEASURE_RUN = 2
 # Plain iterations measured before their cheapest bounds a plain decode's price: the first,
-# right after start-up, may all be stalled (SmolLM2 on a CPU, a server set of
-# `benchmarks/cost_aware.py`: two at 183 ms where a plain decode took 62 made the floor, and
-# the plan speculated against it for the server's life, at 1.4 tokens per verify; 2026-12-05).
+# right after start-up, may all be stalled, and a stalled floor stays the floor for good.
 FLOOR_MEASUREMENTS = 4
 # The most a probe's interval grows to, in `probe_interval`s, while probes find that
-# speculation does not pay. Each probe runs two drafts for every running request: with a draft
-# that never pays (simulator, h100-llama8b, the poor-draft model, rate 16, 3 seeds) probes up to
-# 16x cost 2.5 points of attainment against no speculation, up to 64x 1.9, none at all 0.6.
+# speculation does not pay: each probe runs two drafts for every running request.
 PROBE_BACKOFF = 64
 # Iterations without planned speculation, in `probe_interval`s, before new requests may be
 # prefilled without the draft (`draft_prefills`).
@@ -159,17 +144,12 @@ class AdaserveConfig:
     # Speculative iterations between two exploring drafts (the full configured shape, which
     # keeps the gain of shapes larger than the planned one known, or a depth-1 chain).
     explore_interval: int = 16
-    # From a plain iteration, speculation must score this much above a plain decode to be
-    # chosen: its price and gain are estimates, and switching costs a cold draft that verifies
-    # nothing. Without it, on a CPU where speculation about breaks even, the plan flipped
-    # between the two on noise and paid a cold draft each time.
+    # From a plain iteration, speculation must score this much above a plain decode: its price
+    # and gain are estimates, and each switch costs a cold draft that verifies nothing.
     switch_margin: float = 0.1
-    # The cost rule's throughput phase ranks a request's nodes by f' x `lead_weight` (its
-    # worth to attainment: a request far under its SLO meets it anyway) with this scale in
-    # log(TPOT so far / SLO) and floor. At a100 rate 8 (simulator, 96 paired seeds in four sets
-    # of 24) +0.98 / +0.48 / +0.00 / +0.69 points against ranking by f' alone, chat's misses
-    # at moderate load; h100-llama8b rate 48 -0.01 / -0.31 (docs/simulator.md, 2026-12-05).
-    # A floor of 1 ranks by f' alone, as the paper.
+    # The cost rule's throughput phase ranks a request's nodes by f' x `lead_weight` (a
+    # request far under its SLO meets it anyway), with this scale in log(TPOT so far / SLO)
+    # and this floor. A floor of 1 ranks by f' alone, as the paper.
     lead_scale: float = 0.3
     lead_floor: float = 0.5
     tree: AdaptiveTreeConfig = field(default_factory=AdaptiveTreeConfig)
@@ -220,12 +200,9 @@ class Plan:
 
 @dataclass
 class AdaservePolicy(PolicyBase):
-    # Its plans price a plain iteration with `plain_latency` and ask the verify fit only of
-    # verifies of more than one node per request. On the CPU path a plain iteration's one-node
-    # verify runs the decode attention, ~10 ms under the line through tree verifies of SmolLM2
-    # at 3 requests; a window filled with them (every stand-down iteration) priced 8-12-token
-    # verifies at 0.83-0.86 of what they took, those verifies and the start-up profile alone at
-    # 0.93-0.96 (replay of two servers' decision logs, 2026-12-02, docs/results.md).
+    # Plans price a plain iteration with `plain_latency`, so the verify fit skips one-node
+    # verifies: on the CPU path they run the decode attention, well under the line through tree
+    # verifies, and a window of them (every stand-down) underprices tree verifies.
     verify_fit_takes_decodes: ClassVar[bool] = False
 
     config: AdaserveConfig = field(default_factory=AdaserveConfig)
@@ -299,18 +276,15 @@ class AdaservePolicy(PolicyBase):
     ) -> tuple[int, int]:
         """(d, w) of this iteration's draft, within the configured search (steps, topk).
 
-        Knee rule: eq. 8-9's load-adaptive shape. Cost rule: the shape whose expected tokens per
-        ms is highest (`cost_rule.plan_shape`), and d = 0 (no speculation) when a plain decode's
-        is higher. The first iteration at each load (within 2x) runs plain, so its cost is
-        measured, not extrapolated (the server's very first is a warm-up, not measured), unless
-        the plan speculates there even against the cheapest plain iteration measured at any load
-        (no measurement could change it then); the full configured shape runs until a plan
-        exists and in probes, and every `explore_interval` speculative iterations an exploring
-        draft runs (`_explore_shape`), so every shape's gain stays measured. A draft after a
-        plain iteration is a depth-1 chain (the draft's state is stale then). While not
-        speculating, every `probe_interval` iterations (doubling while probes find that it does
-        not pay) a probe speculates twice: that cold chain, then a full draft that re-measures
-        what speculation returns."""
+        Knee rule: eq. 8-9's shape. Cost rule: the plan's (`cost_rule.plan_shape`; d = 0 when
+        a plain decode scores higher), except that the first iteration at each load (within
+        2x) runs plain to measure its cost, unless the plan speculates even against the
+        cheapest plain iteration measured; the full shape runs until a plan exists and in
+        probes; an exploring draft (`_explore_shape`) every `explore_interval` speculative
+        iterations keeps every shape's gain measured; a draft after a plain iteration is a
+        depth-1 chain (stale draft state). While standing down, every `probe_interval`
+        iterations (doubling while probes find it does not pay) a probe speculates twice: that
+        cold chain, then a full draft."""
         if self.config.budget_rule == "knee":
             depth, width = tree_shape(num_requests, self.config.tree)
             return min(depth, steps), min(width, topk)
@@ -332,14 +306,12 @@ class AdaservePolicy(PolicyBase):
             return self._plain(topk, "measure plain")
         if planned is not None and planned.depth == 0:
             # A probe measures what the draft returns: with every running request blind to the
-            # draft (`draft_prefills`) its drafts verify nothing and it would measure nothing
-            # (in a demo run on this CPU, the last probe verified the three roots alone, in
-            # 121 ms against a 52 ms plain iteration).
+            # draft (`draft_prefills`) its drafts verify nothing and it would measure nothing.
             readable = self._blind_running < num_requests
             due = self._plain_run >= self._probe_every and readable
             affordable = due and self._can_afford_probe(slo, planned, full)
-            # What the draft costs at this load is measured where it could change the plan,
-            # as a plain decode's is: a probe, outside the backoff.
+            # The draft's cost at this load is measured where it could change the plan, as a
+            # plain decode's is: a probe, outside the backoff.
             measure = (
                 self._probe_left == 0 and readable and self._speculates_against_draft_floor(slo)
             )
@@ -357,21 +329,16 @@ class AdaservePolicy(PolicyBase):
             self._since_plain += 1
             if self._since_plain >= self.config.probe_interval:
                 # Speculation that held for a probe interval is a new regime: a later
-                # stand-down probes at the base rate again. A few planned iterations right
-                # after a probe (its lucky draft lifts the gain table for a while) are not:
-                # resetting on them sent a server where speculation never pays back to the
-                # base rate after each (SmolLM2 on a CPU, one server set each: 33 speculative
-                # iterations of ~1300 before, 18 after; docs/results.md).
+                # stand-down probes at the base rate again. Not after a few planned iterations
+                # behind a probe's lucky draft, or a server where speculation never pays would
+                # return to the base rate after every probe.
                 self._probe_every = self.config.probe_interval
             if self._since_plain >= self._remeasure_every:
-                # While speculating, a plain decode's price would otherwise never be measured
-                # again (one measurement may be a stalled one, or the context has grown).
-                # Skipped where the plan speculates even against the cheapest plain decode
-                # measured: the choice to speculate stands whatever the price, and each
-                # re-measurement is two iterations without speculation (simulator, 20 seeds:
-                # attainment 87.1 -> 87.5 % at a100 rate 8, 82.8 -> 83.4 % at h100 rate 48).
-                # The last price measured still bounds a shape's speed (`plan_shape`); as the
-                # context grows it reads low, and the h100 plans grew shallower, at no loss.
+                # Else a plain decode's price is never re-measured while speculating (it may
+                # be a stalled one, or the context has grown). Skipped where the plan speculates
+                # even against the cheapest plain decode measured: the choice stands whatever
+                # the price, and a re-measurement is two iterations without speculation. The
+                # last price measured still bounds a shape's speed (`plan_shape`).
                 self._remeasure_every = min(2 * self._remeasure_every, REMEASURE_PLAIN)
                 if not self._speculates_against_plain_floor(slo, planned):
                     self._remeasure_left = REMEASURE_RUN - 1
@@ -412,15 +379,12 @@ class AdaservePolicy(PolicyBase):
         return shape
 
     def _explore_shape(self, num_requests: int, full: tuple[int, int], planned) -> tuple[int, int]:
-        """The exploring draft that keeps the gain of shapes beyond the planned one known (and
-        the draft's cost per step: a fit of depth-1 drafts alone cannot tell it from the fixed
-        cost, and may lock the plan at depth 1): the full configured search no wider than the
-        plan may choose at this load (`_load_adaptive_width`: a wider one explores shapes the
-        plan cannot run), or, where that costs more than `EXPLORE_COST` of the planned
-        iteration beyond the planned draft, a chain of the full depth. A shape's gain per
-        request hardly depends on the load, but a wide draft's cost grows with it (n * w rows
-        per step): under heavy load the full search would take a large share of every
-        explored iteration."""
+        """The exploring draft, which keeps the gain of shapes beyond the planned one known (and
+        the draft's cost per step: depth-1 drafts alone cannot tell it from the fixed cost and
+        may lock the plan at depth 1): the full search no wider than the plan may choose at
+        this load (`_load_adaptive_width`), or a chain of the full depth where that costs more
+        than `EXPLORE_COST` of the planned iteration beyond the planned draft (a wide draft's
+        cost grows with the load, n * w rows per step, while a shape's gain hardly does)."""
         full = (full[0], self._load_adaptive_width(num_requests, full[1]))
         full_ms = self._draft_ms(*full, num_requests)
         extra_ms = full_ms - self._draft_ms(planned.depth, planned.width, num_requests)
@@ -445,10 +409,8 @@ class AdaservePolicy(PolicyBase):
         """What a probe's two iterations take beyond two plain decodes: the shapes it runs (a
         cold depth-1 chain where the draft's state is stale, and the full configured search),
         each a draft and a verify of one root plus `depth` nodes per request, with nothing
-        credited for what they may accept. Priced at the plan's best shape instead (until
-        2026-11-28), a probe of the dearer full search could start with less slack than it
-        takes. Simulator, `--acceptance poor-draft`, h100-llama8b, rates 8 / 16 / 24, three
-        seeds: 96.7 / 53.6 / 40.4 % before, 96.7 / 53.9 / 40.4 after."""
+        credited for what they may accept. Priced at the shapes run, not the plan's best one,
+        so a probe of the dearer full search never starts with less slack than it takes."""
         cost_ms = 0.0
         for depth, width in ((1, 1) if self._stale else full, full):
             # A plan exists, so the verify model has its fit.
@@ -474,17 +436,10 @@ class AdaservePolicy(PolicyBase):
 
     def _warm_pays_until_the_next_draft(self) -> bool:
         """In a long stand-down (no planned speculation for `BLIND_AFTER` x `probe_interval`
-        drafts decided, as `draft_prefills` reads it), whether the draft extends of the plain
-        iterations until its next probe (`_probe_every` after the last draft) cost less than
-        the one cold iteration a stale draft starts with (a depth-1 chain from a zeroed top-k,
-        verifying the roots alone: `_cold`). On this CPU (SmolLM2, three requests) a warm plain
-        iteration took 3.2 ms more than a cold one and a cold chain ~25-45 ms more than a
-        plain decode, while a long stand-down's probes come 16 to 1024 iterations apart: 29 %
-        of its plain iterations ran warm, ~1.7 % of every request's time, and 4-6 % with this
-        rule (ad hoc in-server timing, 2026-12-03). A shorter stand-down, or a plain iteration
-        that re-measures a plain decode, stays warm: the load that brings speculation back may
-        come at any iteration (simulator, the rps4.0 trace at 2x, coding 1.2x: asked of every
-        stand-down, 67.8 -> 62.7 % on seed 0). Unpriced (a model without its fit), warm."""
+        drafts), whether the draft extends until the next probe cost less than the one cold
+        iteration a stale draft starts with (a depth-1 chain verifying the roots alone: `_cold`).
+        A shorter stand-down, or a plain re-measurement, stays warm: the load that brings
+        speculation back may come at any iteration. Unpriced (a model unfitted): warm."""
         long_stand_down = self._since_planned >= BLIND_AFTER * self.config.probe_interval
         if self._reason != "stand down" or not long_stand_down:
             return True
@@ -501,17 +456,12 @@ class AdaservePolicy(PolicyBase):
         return due_in * extend_ms < cold_ms
 
     def draft_prefills(self, new_requests: int) -> bool:
-        """The draft prefills new requests unless the plan has not sped up for
-        `BLIND_AFTER` x `probe_interval` iterations and the models say speculation pays at
-        no load the server has run or these requests bring (the last iteration's requests
-        plus `new_requests`: a burst after a quiet spell; `_speculation_pays_somewhere`).
-        Then a request is prefilled without the draft, which on a GPU saves the draft's share
-        of every prefill (simulator, a draft accepted a fifth as often, h100-llama8b, rate 8:
-        ~14 % of the prefill time), and the request is blind to the draft for life, so both
-        must agree: a request blinded by a noisy verdict stays slow. One prefill in `probe_interval`
-        still runs the draft, so that probes have requests to measure speculation on. Asked
-        at one request alone, this blinded the demo's requests on a CPU where speculation
-        pays at three and not one."""
+        """The draft prefills new requests unless the plan has not sped up for `BLIND_AFTER` x
+        `probe_interval` iterations and the models say speculation pays at no load the server
+        has run or these requests bring (a burst after a quiet spell). Skipping saves the
+        draft's share of the prefill but blinds the request to the draft for life, so both must
+        agree. One prefill in `probe_interval` still runs the draft, so that probes have
+        requests to measure speculation on."""
         if (
             self.config.budget_rule == "knee"
             or self._since_planned < BLIND_AFTER * self.config.probe_interval
@@ -571,14 +521,10 @@ class AdaservePolicy(PolicyBase):
 
     def _judge_probe(self, outcome: Outcome) -> None:
         """A probe's measured draft (the full configured search) that committed more tokens per
-        ms than the stand-down's plan prices a plain decode at, by the switch margin, is
-        speculation paying now, measured and not predicted: the track record at this load no
-        longer holds the stand-down. That record was formed by plans of earlier models; it
-        moves only while plans speculate, so one formed under a bad fit held a stand-down for
-        good (on the tiny bigram pair, a record of 0.545 asked every plan for 2x a plain
-        decode's speed, where a 4 x 2 draft ran at 1.5x; docs/results.md). A probe whose
-        lucky draft lifts the gain table without beating a plain decode itself (SmolLM2 on a
-        CPU) leaves the record, which is what the record guards against."""
+        ms than the stand-down's plan prices a plain decode at, by the switch margin, clears
+        the track record at this load: the record moves only while plans speculate, so one
+        formed under a bad fit would hold a stand-down for good. A probe that only lifts the
+        gain table (a lucky draft) leaves the record, which guards against exactly that."""
         stand_down = self._last_planned
         if stand_down is None or stand_down.depth > 0 or stand_down.plain_ms <= 0:
             return
@@ -608,13 +554,11 @@ class AdaservePolicy(PolicyBase):
         return record
 
     def _plain_price(self, num_requests: int, context_tokens: int) -> float | None:
-        """A plain decode's price at this load: the fit over every load, times how it held
-        against the steady plain iterations measured at this load (`PriceRecord`), where they
-        were cheaper: a line through every load the server ran is lifted at all of them by
-        dear iterations at a few. Never dearer than the fit: dear plain iterations at a load
-        (a batch filling or emptying beside the client) would make speculation look paying
-        there, at the very moments speculation is dear too, and the promise is never to be
-        slower than plain (None: unfitted)."""
+        """A plain decode's price at this load (None: unfitted): the fit over every load,
+        lowered by how it held against the steady plain iterations measured here
+        (`PriceRecord`), since dear iterations at a few loads lift the line at all of them.
+        Never raised: dear plain iterations (a batch filling or emptying) would make
+        speculation look paying just when it is dear too."""
         fitted = self.plain_latency.predict((num_requests, context_tokens))
         return None if fitted is None else fitted * self._plain_factor(num_requests)
 
@@ -633,10 +577,8 @@ class AdaservePolicy(PolicyBase):
     def _speculation_pays_alone(self) -> bool:
         """Whether speculation beats decoding with no draft work at all, for one request alone.
         Coming from a cold plain iteration, speculation must beat it by the plan's switch edge
-        (`record`): asked of the last iteration alone, on this CPU the answer flipped every
-        iteration (the fit minus the draft forward just below speculation's rate, the fit
-        just above), and ~40 % of the stand-downs paid a draft forward for nothing (~4 ms of
-        ~80, ad hoc decision trace, 2026-11-26)."""
+        (`record`): without it, where speculation about breaks even, the answer flips every
+        iteration and stand-downs pay a draft forward for nothing."""
         margin = self.record_at(1).required_edge(
             0.0 if self._plain_was_warm else self.config.switch_margin
         )
@@ -708,13 +650,9 @@ class AdaservePolicy(PolicyBase):
     def _speculates_against_draft_floor(self, slo: SloBatch) -> bool:
         """Whether, at a load whose draft cost was never measured (within 2x) but a lower
         load's was, the plan would speculate if the draft cost no more than at the highest
-        lower load measured. The draft model's slopes in draft steps and in draft rows
-        cannot be told apart from drafts of the few shapes one load runs (at one request
-        the rows of a 4 x 2 beam and a depth-1 chain lie on one line with the steps), and a
-        fit that credits the rows extrapolates a draft that costs per step alone: on the
-        tiny bigram pair, fitted at one request, ~2x its cost at 4 requests and ~3x at 8.
-        The plan then stood down there, where static EAGLE ran faster than no speculation,
-        while probes (backed off, and waiting for every request's slack) came rarely."""
+        lower load measured. A few shapes at one load cannot tell the draft's slope in rows
+        from its slope in steps, so a fit that credits the rows can overprice a draft under
+        load several times, and the plan would stand down there while probes come rarely."""
         n = slo.num_requests
         bucket = load_bucket(n)
         lower = [load for b, load in self._draft_loads.items() if b < bucket]
@@ -737,10 +675,9 @@ class AdaservePolicy(PolicyBase):
         return 0, topk
 
     def _report(self, planned, num_requests: int, shape: tuple[int, int] | None = None) -> None:
-        """The plan (and the shape drafted, where it speculates) for /server_info, with the
-        learned inputs behind it as they stand when it is read: building the report (the
-        curves above all) at each plan cost ~0.1 of adaserve's ~2.5 ms per speculative
-        iteration (simulator, h100-llama8b rate 48), and /server_info reads it rarely."""
+        """The plan (and the shape drafted, where it speculates) for /server_info, built when
+        read, with the learned inputs as they stand then: building it (the curves above all)
+        at each plan costs a tenth of adaserve's time, and /server_info reads it rarely."""
         if self._reported == (id(planned), shape):
             return
         self._reported = (id(planned), shape)
@@ -767,18 +704,13 @@ class AdaservePolicy(PolicyBase):
     def _cost_plan(self, slo: SloBatch, plain_ms: float | None = None, draft_scale: float = 1.0):
         """The cost model's plan for the next draft (None until it has measurements), against
         a plain decode at `plain_ms` (None: the fitted price at this load), with the draft
-        priced at `draft_scale` times its rows (1: as fitted). Reused while what
-        it is for stands (the batch's SLO groups and blind requests, each group's count
-        within `BATCH_DRIFT`: `same_batch`; the context within ~41 %, the margin and the pace
-        within a step, the plain price within 5 %, each model's observations within 2x)
-        for up to `PLAN_REUSE` iterations, whatever the models learned meanwhile, as the
-        requests' progress moves their needs slowly: planning costs 1-6 ms of torch calls
-        (most of it the gain's refresh), a fair share of a small model's iteration. A plan
-        that stands down is reused for as long on the same batch even as the plain price
-        moves: every plain iteration moves its fit, and re-planning after each cost ~2 ms of
-        a ~129 ms plain iteration at 8 requests on the CPU (1.6 % of every stand-down; ad hoc
-        timing, 2026-11-28), while a switch to speculation waits at most `PLAN_REUSE`
-        iterations."""
+        priced at `draft_scale` times its rows (1: as fitted). Planning costs milliseconds
+        (mostly the gain's refresh) and needs move slowly, so a plan serves up to `PLAN_REUSE`
+        iterations, whatever the models learned meanwhile, while its batch stands (`same_batch`)
+        and its inputs stay near (context within ~41 %, margin, pace and spread within a step,
+        plain price within 5 %, each model's observations within 2x). A plan that stands down
+        is reused as long on the same batch even as the plain price moves: a switch to
+        speculation waits at most `PLAN_REUSE` iterations."""
         verify = self.verify_latency
         if verify.num_observations < 2 or not self.gain.known:
             return None
@@ -803,12 +735,9 @@ class AdaservePolicy(PolicyBase):
         guard_margin = round(record.required_edge(0.0) * 50) / 50
         pace = round(self.wall_per_decode * 20) / 20  # in steps of 5 %, as the margin
         spread = round(self.wall_spread * 20) / 20
-        # No fit's version: they move every iteration, and re-planning on each cost ~6 ms of
-        # a ~46 ms speculative iteration at 8 requests on the tiny bigram pair (ad hoc timing,
-        # 2026-11-28). The context is coarse because at 8 short prompts it grows ~10 % per
-        # iteration; observation counts stand for a model's first fits (no draft cost, then one).
-        # A surprise (`LinearLatency.surprises`: a pass larger than any held, priced wrong) is
-        # news: plans made on the fit it proved wrong are not reused.
+        # No fit's version: fits move every iteration, and re-planning on each is too dear.
+        # Observation counts stand for a model's first fits. A surprise (`LinearLatency.surprises`:
+        # a pass larger than any held, priced wrong) is news: plans on that fit are not reused.
         models = (verify, self.draft_latency, self.plain_latency)
         key = (
             tuple(int(math.log2(1 + model.num_observations)) for model in models),
@@ -818,8 +747,8 @@ class AdaservePolicy(PolicyBase):
         cached_plan, uses, made_for = self._plan_cache.get(key, (None, PLAN_REUSE, None))
         context = 1 + self._context_tokens
         # The margin, the pace and the context move smoothly but across steps: a plan serves
-        # within one step of what it was made with (at h100-llama8b rate 48, steps crossed and
-        # crossed back remade ~70 % of the plans once the batch's drift was allowed).
+        # within one step of what it was made with, so crossing a step and back keeps it. The
+        # context's step is wide (~41 %): short prompts grow ~10 % per iteration.
         if (
             uses < PLAN_REUSE and same_batch(made_for[0], batch)
             and abs(margin - made_for[1]) < 0.03 and abs(pace - made_for[2]) < 0.06
@@ -828,10 +757,8 @@ class AdaservePolicy(PolicyBase):
             self._plan_cache[key] = (cached_plan, uses + 1, made_for)
             return self._note_standing(batch, batch_plan, cached_plan)
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
-        # A kept draft's gains are recalibrated every GAIN_RECALIBRATION outcomes, not at every
-        # plan: the calibration's sums span ~50 outcomes, and recalibrating the 8 kept drafts at
-        # each plan was most of a plan's time under load (h100-llama8b rate 48: 3.3 of 8.7 ms
-        # per speculative iteration; docs/results.md).
+        # Kept drafts are recalibrated every GAIN_RECALIBRATION outcomes, not at every plan: the
+        # calibration's sums span ~50 outcomes, and recalibrating was most of a plan's time.
         fit = self.acceptance.version // GAIN_RECALIBRATION
         if self._refreshed_for != (self.gain.version, fit):
             self._refreshed_for = (self.gain.version, fit)
@@ -901,8 +828,8 @@ class AdaservePolicy(PolicyBase):
         # pools each draft by it too.
         weight = self._rank_weight(slo) if self.config.budget_rule == "cost" else None
         if self.config.budget_rule == "cost":
-            # In float64 for the prediction the outcome carries (`Decision.predicted_accepted`),
-            # in the draft's dtype for the selection, as before.
+            # float64 for the prediction the outcome carries (`Decision.predicted_accepted`), the
+            # draft's dtype for the selection.
             exact = self.acceptance.apply(shaped.path_prob.double())
             calibrated = exact.to(shaped.path_prob.dtype)
             if self._reason == "planned":
@@ -991,10 +918,9 @@ def batch_composition(slo: SloBatch) -> dict:
 def same_batch(made_for: dict | None, batch: dict) -> bool:
     """Whether a plan made for the batch `made_for` still serves `batch`: the same SLO groups,
     each within BATCH_DRIFT of the count the plan was made for. A plan is priced by these
-    counts, so a request more or less in a large group hardly moves it, yet under load
-    requests come and go nearly every iteration: keyed on each request's SLO, a plan was remade
-    for 190 of 230 speculative iterations (simulator, h100-llama8b rate 48), ~2 ms each on this
-    host beside a ~15-20 ms iteration of an 8B model on an H100 (docs/results.md)."""
+    counts, so a request more or less in a large group hardly moves it, while under load
+    requests come and go nearly every iteration: keyed on each request's SLO, most speculative
+    iterations would re-plan."""
     return (
         made_for is not None
         and made_for.keys() == batch.keys()
@@ -1007,8 +933,6 @@ def beyond_reach(cands: Candidates, required: torch.Tensor) -> torch.Tensor:
     than the A(r) [B] that would put them back on their SLO track this iteration. The cost
     rule serves them in the throughput phase only, this iteration: AdaServe's SLO phase visits
     the most-behind first and caps A(r) at d + 1, so under overload requests too far behind
-    to catch up this iteration took the budget ahead of those it could keep on track, and
-    more of them fell behind (in the simulator, the busiest AdaServe trace cell: 71 % of
-    requests met their SLO with the phase as the paper has it, 79 % with it skipping those;
-    docs/simulator.md). At light load no request falls that far behind, and nothing changes."""
+    to catch up would take the budget ahead of those it could keep on track, and more would
+    fall behind. At light load no request falls that far behind, and nothing changes."""
     return required > expected_accepted(cands, cands.valid)

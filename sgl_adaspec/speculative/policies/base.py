@@ -6,18 +6,17 @@ One speculative iteration, as the adapter drives it:
    and `--speculative-eagle-topk`; see `draft_tiers`);
 2. `policy.decide(IterationInput)` -> `Decision`: which candidates each request verifies
    (a `Selection`, closed under parent) and the shape it followed, for the metrics;
-3. the target verifies the selected nodes; the adapter reports back once, `observe(Outcome)`:
-   what each request verified and accepted, the verify pass's and the whole iteration's wall
-   time, the draft shape that ran. The server's adapter and the simulator build the outcome
-   with the same `make_outcome`, so a policy learns the same way in both;
+3. the target verifies the selected nodes; the adapter reports back once, `observe(Outcome)`.
+   The server's adapter and the simulator both build it with `make_outcome`, so a policy
+   learns the same way in both;
 4. a finished request is `forget`-ed so per-request state never outlives it.
 
 An iteration may run without speculation (`draft_shape` returned depth 0): the policy is then
 not asked to decide, and the outcome says so (draft_steps 0, every request verified 1 token).
 
 Policies are pure (tensors and dataclasses, no SGLang) and keep their own state across
-iterations. `PolicyBase` holds what all share: smoothed latencies, the baseline TPOT, the
-statistics object, and the latency models fitted from what the adapter observes.
+iterations; `PolicyBase` holds what all share (smoothed latencies, baseline TPOT, statistics,
+the fitted latency models).
 """
 
 from __future__ import annotations
@@ -118,21 +117,18 @@ class Outcome:
     - budget / depth / width: what the decision applied, for the statistics;
     - early_exit: (tested, exited, test_ms) of the verify pass's early exit, or None;
     - after_prefill: the iteration came right after a prefill (or was the first): its time
-      includes the switch from extend to decode, no steady iteration's price;
+      includes the switch from extend to decode, not a steady price;
     - draft_kept: a plain iteration kept the draft's state (its extend ran: `keep_draft_warm`);
       one that did not leaves the next draft stale;
     - stall_ms: wall time since the previous decode iteration that requests of both spent
       waiting on other forwards (prefills): part of their TPOT no decode iteration shows;
-    - verify_as_decode: the verify pass ran as a plain decode's forward (the plugin's CPU
-      attention for one node per request: no mask, `platform/cpu/attention.py`), a path a tree
-      verify does not take;
+    - verify_as_decode: the verify pass ran as a plain decode's forward (the CPU attention's
+      unmasked one-node path, `platform/cpu/attention.py`), a path no tree verify takes;
     - predicted_accepted: the calibration's expected accepted draft tokens of what was
       verified, where the decision computed it (`Decision.predicted_accepted`), else None;
-    - warm_up: the server's first speculative iteration. Its time may include one-off
-      set-up (the draft's first forwards, the first calls of the tree and selection ops), so
-      it prices nothing: on the tiny bigram pair it took 0.65-1.8x the next ones in fresh
-      servers (`benchmarks/fresh_servers.py`), and priced it was one of the draft cost
-      model's first two points, which the first plan rests on (docs/results.md)."""
+    - warm_up: the server's first speculative iteration. Its time may include one-off set-up
+      (first draft forwards, first calls of the tree and selection ops), so it prices nothing:
+      it would be one of the two draft-cost points the first plan rests on."""
 
     rids: tuple[str, ...]
     verified: torch.Tensor
@@ -246,11 +242,10 @@ class PolicyBase:
     # `cost_rule.draft_rows`): draft forwards, draft extend, tree building, the scheduler's
     # work; the intercept is the fixed price of speculating.
     draft_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
-    # A whole iteration without speculation vs requests n, measured as it runs (a forward of
-    # one token per request, so the verify model's shape), not read off the verify passes:
-    # the scheduler's work around a plain decode is its own. Context is left out: a slope
-    # fitted over the narrow range of contexts a run of plain iterations sees extrapolates its
-    # noise (here +20 % ten tokens on), and the window follows the context as it grows.
+    # A whole iteration without speculation vs requests n (the verify model's shape), measured
+    # as it runs, not read off verify passes: the scheduler's work around it is its own. No
+    # context: a slope over the narrow range of contexts a run of plain iterations sees
+    # extrapolates its noise, and the window follows the context as it grows.
     plain_latency: VerifyLatency = field(default_factory=lambda: VerifyLatency(with_context=False))
     # Maps the draft's path probability to the acceptance the target shows (learned online).
     acceptance: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
@@ -296,8 +291,8 @@ class PolicyBase:
             if outcome.speculated:
                 self.observe_outcome(outcome.rids, outcome.verified, outcome.accepted)
             if outcome.verified_f is not None and not self.draft_is_stale():
-                # The prediction is the calibration's before it learns from this outcome (the
-                # decision's, where it computed it: the same calibration, one call fewer).
+                # The calibration's prediction before it learns from this outcome (the
+                # decision's where it computed one: the same calibration, one call fewer).
                 predicted = outcome.predicted_accepted
                 if predicted is None:
                     predicted = self.acceptance.calibrated_sum(outcome.verified_f)
@@ -334,9 +329,8 @@ class PolicyBase:
     def steady_plain(self, outcome: Outcome) -> bool:
         """Whether `outcome` (before `observe` takes it) is a steady plain iteration, a plain
         decode's price: a plain decode among plain ones of the same batch. The first after a
-        prefill or after speculation also pays SGLang's switch (2-3x a steady one on the tiny
-        bigram pair), and the first after requests finished pays their release (~1.6x on
-        SmolLM2), once each, not per iteration."""
+        prefill or after speculation also pays SGLang's switch (up to 2-3x a steady one), and
+        the first after requests finished pays their release, once each, not per iteration."""
         return (
             not outcome.speculated
             and self._previous_plain == len(outcome.rids)
@@ -503,11 +497,10 @@ class PolicyBase:
 def policy_calls():
     """The context every driver (the SGLang hooks, the simulator's adapter) makes a policy's
     calls in, and builds their inputs (`SloBatch`) and outcomes in: torch's inference mode. A
-    policy's math records nothing for autograd, and on its many small tensors the bookkeeping
-    this mode skips was a tenth of adaserve's own time (`benchmarks/policy_overhead.py`,
-    h100-llama8b rate 48: 2.48 -> 2.20 ms per speculative iteration). What a policy keeps
-    across calls is then an inference tensor, which nothing may update in place outside this
-    context: policies keep state by replacing tensors, never by writing into one."""
+    policy records nothing for autograd, and on its many small tensors the bookkeeping this
+    mode skips is a tenth of adaserve's time. What a policy keeps across calls is then an
+    inference tensor, which nothing may update in place outside this context: policies keep
+    state by replacing tensors, never by writing into one."""
     return torch.inference_mode()
 
 

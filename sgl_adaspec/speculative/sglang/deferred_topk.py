@@ -7,9 +7,8 @@ without the lm_head: its logits are a placeholder, and the real top-k is compute
 hidden state the extend kept, just before the next draft (`fill_topk`), as SGLang's extend
 would have computed it.
 
-Why: on SmolLM2 the draft's lm_head (shared with the target, 28 M weights) is most of the
-draft's weights, and a warm plain iteration cost 1.27x a plain decode with it against 1.00x
-without it (docs/results.md).
+Why: on a small model the draft's lm_head (shared with the target) is most of the draft's
+weights: with it a warm plain iteration costs ~1.3x a plain decode, without it ~1x.
 
 Deferred only where the shortcut is exact: an eager extend (a graph replay computes the top-k
 anyway), an EAGLE draft whose logits are its lm_head over the hidden state it keeps

@@ -54,8 +54,8 @@ def one_node_verify(worker):
     """The verify inside, of one node per request (a plain iteration's), skips SGLang's tree
     compaction (`_finalize_accept_tree_path`, run for topk > 1): it moves each request's
     accepted path (KV slots, tokens, hidden states) to the front of its block, the identity
-    for a lone root, at ~1 ms per iteration of 8 requests on a CPU (ad hoc profile, 2026-11-26).
-    Not on CUDA, where a topk of 1 would also switch SGLang to its fused chain commit."""
+    for a lone root, at ~1 ms per iteration on a CPU. Not on CUDA, where a topk of 1 would
+    also switch SGLang to its fused chain commit."""
     if str(worker.device).startswith("cuda"):
         yield
         return
