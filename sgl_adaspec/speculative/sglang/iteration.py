@@ -28,7 +28,8 @@ class Iteration:
       depth 0: plain); draft_ran: the draft's shape (the configured one without tiers);
       draft_forward_ran: the draft ran eagerly (`draft_forward`), not as a graph replay;
     - path_prob [bs, ntok-1]: f of SGLang's candidate nodes, in its node order (root excluded);
-    - parents [bs, ntok] int64 (CPU): the draft tree's parent links (`tree.verify_tree_parents`);
+    - parents [bs, ntok] int64 (the draft's device): its tree's parent links
+      (`tree.verify_tree_parents`);
     - policy_input / decision: what the policy saw and decided;
     - keep [bs, ntok] bool: nodes verified (closed under parent, roots included);
     - verify_nodes: per request, the kept node indices, while the ragged verify forward runs
