@@ -261,6 +261,26 @@ def capture_verify_graphs(_result, model_runner, *args, **kwargs) -> None:
         and model_runner.decode_cuda_graph_runner is None
     ):
         return
+    model_runner.decode_cuda_graph_runner = _verify_runner(model_runner)
+
+
+def emulated_tier_verify_runner(worker, state):
+    """A draft tier's verify graphs, which SGLang captures on CUDA with the tier's runtime state
+    (`build_adaptive_runtime_state`), emulated under `ADASPEC_EMULATE_GRAPHS=1` on the generic
+    CPU path; None elsewhere."""
+    from sgl_adaspec.platform.cpu.hooks import on_generic_cpu
+
+    model_runner = worker._target_worker.model_runner
+    if not (emulation_on() and on_generic_cpu(model_runner.device)):
+        return None
+    return _verify_runner(
+        model_runner, attn_backend=state.target_attn_backend,
+        speculative_num_steps=state.speculative_num_steps,
+        speculative_num_draft_tokens=state.speculative_num_draft_tokens,
+    )  # fmt: skip
+
+
+def _verify_runner(model_runner, **kwargs):
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
     _share_graph_outputs(model_runner)
@@ -269,13 +289,13 @@ def capture_verify_graphs(_result, model_runner, *args, **kwargs) -> None:
         # event on a CUDA stream capture; no CPU stream is ever captured.
         torch.cpu.is_current_stream_capturing = lambda: False
     with _cpu_capture_context():
-        runner = DecodeCudaGraphRunner(model_runner)
-    model_runner.decode_cuda_graph_runner = runner
+        runner = DecodeCudaGraphRunner(model_runner, **kwargs)
     logger.info(
         "sgl_adaspec: emulated target verify graphs (%d tokens a request): %d captured, "
-        "batch sizes %s", model_runner.decode_num_tokens_per_req(), runner.backend.num_graphs,
-        runner.capture_bs,
+        "batch sizes %s", kwargs.get("speculative_num_draft_tokens")
+        or model_runner.decode_num_tokens_per_req(), runner.backend.num_graphs, runner.capture_bs,
     )  # fmt: skip
+    return runner
 
 
 def target_verify_replays(original: Callable, forward_mode) -> bool:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sgl_adaspec.platform.cpu.graph_emulation import emulated_tier_verify_runner
 from sgl_adaspec.speculative.draft_tiers import Shape, covering_tier, tier_draft_tokens
 from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
 
@@ -144,9 +145,13 @@ def _build(worker, shape: Shape, num_draft_tokens: int):
         # A chain tier drafts eagerly (see the docstring): no draft graph is captured for it.
         no_draft_graph = _no_draft_graph() if width == 1 else contextlib.nullcontext()
         with _spec_config(speculative_eagle_topk=width), no_draft_graph:
-            return worker.build_adaptive_runtime_state(
+            state = worker.build_adaptive_runtime_state(
                 depth, tier_draft_tokens(depth, width, num_draft_tokens)
             )
+            if state.target_graph_runner is None and depth > 0:
+                # CPU emulation: the tier's verify graphs as SGLang captures them on CUDA.
+                state.target_graph_runner = emulated_tier_verify_runner(worker, state)
+            return state
     finally:
         del draft._rebuild_topk1_chain_buffers
         worker.topk, draft.topk = configured
