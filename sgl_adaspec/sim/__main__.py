@@ -70,11 +70,11 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
     )
     parser.add_argument(
         "--charge-critical-path",
-        action="store_const",
-        const=True,
+        choices=("decide", "past-draft"),
         help="with --charge-policy-time: charge only each policy's decision between the draft "
-        "and the verify; its plan and observe run beside the device's work under SGLang's "
-        "overlap scheduler",
+        "and the verify (its plan and observe run beside the device's work under SGLang's "
+        "overlap scheduler): all of it (decide), or what outlasts the draft's device time "
+        "(past-draft: a decision that reads nothing of the device runs beside the draft)",
     )
     args = vars(parser.parse_args(argv))
     experiment = args.pop("experiment")

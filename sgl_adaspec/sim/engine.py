@@ -45,6 +45,7 @@ from sgl_adaspec.sim.workload import WorkloadArrays
 # The host's clock the policy's own time is read on (`EngineConfig.policy_time_scale`); tests
 # replace it with a clock they advance.
 host_clock = time.perf_counter
+CRITICAL_PATH_CHARGES = (None, "decide", "past-draft")  # `EngineConfig.charge_critical_path`
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -59,13 +60,20 @@ class EngineConfig:
     # Charge only the policy's time between the draft and the verify (`decide`: the verify
     # cannot launch before it), not the plan before the draft nor `observe`, which under
     # SGLang's overlap scheduler run beside the device's work of the iteration before.
-    charge_critical_path: bool = False
+    # "decide": all of it; "past-draft": what outlasts the draft's device time, as a decision
+    # that reads nothing of the device runs on the host while the draft's kernels run.
+    charge_critical_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1 or self.max_prefill_tokens < 1:
             raise ValueError("max_running_requests and max_prefill_tokens must be >= 1")
         if not self.policy_time_scale >= 0:
             raise ValueError(f"policy_time_scale must be >= 0, got {self.policy_time_scale}")
+        if self.charge_critical_path not in CRITICAL_PATH_CHARGES:
+            raise ValueError(
+                f"charge_critical_path must be one of {CRITICAL_PATH_CHARGES}, got "
+                f"{self.charge_critical_path!r}"
+            )
 
 
 @dataclass
@@ -294,7 +302,7 @@ def _decode_iteration(
     after_prefill: bool,
     stall_ms: float = 0.0,
     policy_time_scale: float = 0.0,
-    charge_critical_path: bool = False,
+    charge_critical_path: str | None = None,
 ) -> tuple[float, np.ndarray]:
     """One speculative (or plain) decode iteration of the running batch (alpha, beta [n]: the
     running requests' acceptance parameters; stall_ms: the prefills they waited on since their
@@ -333,8 +341,6 @@ def _decode_iteration(
     decision = policy.decide(slo, draft, tuple(str(i) for i in running), context_lens)
     # On a server the policy's decisions sit inside the iteration it times; its observe after.
     decide_ms = 1000.0 * (host_clock() - decide_started - simulated_s) * policy_time_scale
-    if charge_critical_path:
-        decide_ms = 1000.0 * getattr(policy, "critical_s", 0.0) * policy_time_scale
     if decision.trees is None:
         accepted, deepest = np.zeros(running.size, dtype=np.int64), None
     else:
@@ -342,6 +348,10 @@ def _decode_iteration(
     result.draft_stale[running] = decision.trees is None and not decision.warm_draft
     context = int(context_lens.sum())
     draft_ms = sum(latency.draft_step_ms(t, context) for t in decision.draft_forward_tokens)
+    if charge_critical_path is not None:
+        decide_ms = 1000.0 * getattr(policy, "critical_s", 0.0) * policy_time_scale
+        if charge_critical_path == "past-draft":
+            decide_ms = max(decide_ms - draft_ms, 0.0)
     verified = int(decision.verified.sum())
     verify_ms = latency.verify_ms(verified, context)
     elapsed_ms = draft_ms + verify_ms
@@ -353,7 +363,7 @@ def _decode_iteration(
     observe_started = host_clock()
     policy.observe(decision, accepted, elapsed_ms, verify_ms, deepest, after_prefill, stall_ms)
     observe_ms = 1000.0 * (host_clock() - observe_started) * policy_time_scale
-    if charge_critical_path:
+    if charge_critical_path is not None:
         observe_ms = 0.0
     result.policy_ms += decide_ms + observe_ms
     result.iterations += 1

@@ -56,7 +56,7 @@ class SweepConfig:
     replicas: int = 1
     # Charge each policy's own wall time to the simulated clock (`EngineConfig`); 0: not.
     policy_time_scale: float = 0.0
-    charge_critical_path: bool = False  # of it, only `decide`'s (`EngineConfig`)
+    charge_critical_path: str | None = None  # of it, only `decide`'s (`EngineConfig`)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

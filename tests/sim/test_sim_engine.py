@@ -350,7 +350,7 @@ def test_a_charged_policy_pays_its_own_time_on_the_simulated_clock(monkeypatch):
     latency = get_preset("h100-llama8b")
     monkeypatch.setattr(engine, "host_clock", _CLOCK)
 
-    def run(scale: float, critical_path: bool = False) -> tuple:
+    def run(scale: float, critical_path: str | None = None) -> tuple:
         slow = _SlowPolicy(make_policy("none", 64, latency.baseline_tpot_ms), 0.004, 0.002)
         config = EngineConfig(policy_time_scale=scale, charge_critical_path=critical_path)
         result = simulate(workload, latency, SYNTHETIC_DEFAULT, slow, 0, config)
@@ -371,11 +371,46 @@ def test_a_charged_policy_pays_its_own_time_on_the_simulated_clock(monkeypatch):
         EngineConfig(policy_time_scale=-1.0)
     # Charging the critical path only: of each iteration, the `critical_s` its decision spent
     # between the draft and the verify (here 1 ms of the 4), nothing of observe.
-    critical, critical_ms = run(0.5, critical_path=True)
+    critical, critical_ms = run(0.5, critical_path="decide")
     extra = np.array(critical_ms) - np.array(plain_ms)
     assert extra == pytest.approx(np.full(iterations, 0.5))
     decode_s = critical.finish_s[0] - plain.finish_s[0]
     assert decode_s == pytest.approx(iterations * 0.0005)
+    with pytest.raises(ValueError, match="charge_critical_path"):
+        EngineConfig(charge_critical_path="all")
+
+
+def test_a_decision_shorter_than_its_draft_costs_the_clock_nothing_past_the_draft(
+    monkeypatch,
+):
+    """`charge_critical_path="past-draft"`: a decision that reads nothing of the device runs
+    on the host while the draft's kernels run, so only what outlasts the draft is charged."""
+    workload = WorkloadArrays(
+        ("coding", "chat", "summarization"),
+        arrival_s=np.array([0.0, 0.0]),
+        class_index=np.zeros(2, dtype=np.int64),
+        prompt_tokens=np.full(2, 100),
+        output_tokens=np.full(2, 30),
+        tpot_slo_ms=np.full(2, np.nan),
+    )
+    latency = get_preset("h100-llama8b")
+    monkeypatch.setattr(engine, "host_clock", _CLOCK)
+
+    def run(charge: str | None, critical_s: float) -> list:
+        static = make_policy("static", 64, latency.baseline_tpot_ms)
+        slow = _SlowPolicy(static, critical_s, 0.0, critical_s=critical_s)
+        config = EngineConfig(policy_time_scale=1.0 if charge else 0.0, charge_critical_path=charge)
+        simulate(workload, latency, SYNTHETIC_DEFAULT, slow, 0, config)
+        return slow.observed_ms
+
+    uncharged = np.array(run(None, 0.0))
+    short = 0.1 * latency.draft_step_ms(2, 200) / 1000  # a tenth of one draft step, in s
+    assert np.array(run("past-draft", short)) == pytest.approx(uncharged)
+    assert np.array(run("decide", short)) - uncharged == pytest.approx(1000 * short)
+    # Far longer than the draft: the device idles for all but the draft's time.
+    long = 0.050
+    past = np.array(run("past-draft", long)) - uncharged
+    assert np.all((past > 0) & (past < 1000 * long))
 
 
 def test_a_server_policy_times_its_decision_between_draft_and_verify(monkeypatch):

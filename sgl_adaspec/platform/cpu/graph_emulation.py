@@ -1,12 +1,13 @@
-"""CUDA graph capture and replay emulated on CPU, under SGLang's own draft graph runners.
+"""CUDA graph capture and replay emulated on CPU, under SGLang's own graph runners.
 
 On a GPU SGLang replays the EAGLE draft, its draft extend and the target's verify from graphs
 captured at start-up (`EAGLEDraftCudaGraphRunner`, `EAGLEDraftExtendCudaGraphRunner`,
 `DecodeCudaGraphRunner` in TARGET_VERIFY mode): Python inside the captured callable runs once,
 at capture; a replay repeats only the captured kernels, which write into the tensors that
 existed at capture. With `ADASPEC_EMULATE_GRAPHS=1` on `--device cpu`, SGLang's runner classes
-are built as on CUDA, with `EmulatedGraphBackend` in place of its CUDA graph backend. A replay runs the captured callable again over the runner's static input buffers, in
-SGLang's forward context of the capture, but:
+are built as on CUDA (each draft tier's too), with `EmulatedGraphBackend` in place of its CUDA
+graph backend. A replay runs the captured callable again over the runner's static input
+buffers, in SGLang's forward context of the capture, but:
 - sealed: no plugin iteration scope is reachable inside it (`sealed()`), as at capture, so a
   hook that hands a value over through Python state sees nothing, as on a GPU;
 - the capture-time outputs are what the caller gets: every tensor of the rerun's outputs
