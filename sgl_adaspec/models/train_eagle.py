@@ -40,6 +40,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch.nn import functional as F
+from tqdm import tqdm
 
 from sgl_adaspec.models.eagle_data import (
     Shard,
@@ -70,7 +71,7 @@ def default_work_dir() -> Path:
 
 
 def log(msg: str) -> None:
-    print(time.strftime("%H:%M:%S"), msg, flush=True)
+    tqdm.write(f"{time.strftime('%H:%M:%S')} {msg}", file=sys.stdout)  # above a running bar
 
 
 # --------------------------------------------------------------------------- the plan
@@ -454,7 +455,12 @@ def run(args) -> int:
     last_ckpt = time.monotonic()
     loss_sum = weight_sum = 0.0
     hit_sum = count_sum = 0
+    # The run's time budget as a bar on a terminal (stderr); nothing where stderr is not one.
+    budget_s = round(deadline - time.monotonic())
+    bar = tqdm(total=budget_s, desc="draft training", unit="s", file=sys.stderr, disable=None)
     while time.monotonic() < deadline:
+        bar.n = min(budget_s, round(budget_s - (deadline - time.monotonic())))
+        bar.set_postfix(step=state["step"], loss=state.get("recent_loss"), refresh=True)
         item = next_item()
         need_data = state["extracted_tokens"] < args.max_tokens and item is not None and (
             state["tokens_seen"] >= args.reuse * state["extracted_tokens"] or not pool.names
@@ -515,6 +521,7 @@ def run(args) -> int:
         elif time.monotonic() - last_ckpt > 600:
             checkpoint(evaluate_now=False)
             last_ckpt = time.monotonic()
+    bar.close()
     checkpoint(evaluate_now=True)
     log(f"time is up at step {state['step']}; checkpoint {ckpt_path}")
     return 0
