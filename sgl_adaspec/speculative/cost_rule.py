@@ -695,7 +695,7 @@ def cost_budget(
     verify = verify_ms(n + m, context_tokens)
     if verify is None:
         return None
-    rate = expected / (sunk_ms + verify.to(f.device)).clamp(min=1e-9)
+    rate = expected / (sunk_ms + verify).clamp(min=1e-9)
     # Only prefixes of real nodes: past the last one the count m would buy nothing.
     rate = torch.where(m <= valid.sum(), rate, -math.inf)
     return n + torch.argmax(rate)  # argmax: the first (smallest) best prefix

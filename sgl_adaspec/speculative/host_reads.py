@@ -6,8 +6,9 @@ tensors a GPU would hold are marked instead: `on_device(t)` returns `t` as a `De
 view, torch operations propagate the mark to their results, and `HostReadCounter` counts every
 operation that hands a marked tensor's values to Python (`.item()`, `.tolist()`, `bool()`,
 `int()`, `.cpu()`, ...) or whose output shape depends on its values (`nonzero`, a boolean
-index), as those synchronise on CUDA. Tensors built from host data (SLO state, counts) are not
-marked: reading them costs the GPU nothing.
+index), as those synchronise on CUDA, and every blocking copy of host data to a device
+(`to_device`), which waits for the device's stream too. Tensors built from host data (SLO
+state, counts) are not marked: reading them costs the GPU nothing.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class HostReadCounter(TorchFunctionMode):
 
     @staticmethod
     def _read_kind(func, args, kwargs) -> str | None:
+        if _host_to_device(func, args, kwargs):
+            return "to_device"
         if not _marked(args) and not _marked(kwargs.values()):
             return None
         if func in _READS:
@@ -94,6 +97,20 @@ class HostReadCounter(TorchFunctionMode):
         if func is Tensor.__getitem__ and _bool_index(args[1]):
             return "bool_index"
         return None
+
+
+def _host_to_device(func, args, kwargs) -> bool:
+    """A blocking copy of host data to a device: `torch.tensor` / `torch.as_tensor` of host
+    values placed on a device, or `.to(device)` of an unmarked tensor without `non_blocking`
+    (on CUDA these wait for the stream, the draft's kernels with it). On CPU, where the
+    device is the host, any explicit placement counts: inside the window it means the draft's
+    device. Factories that fill on the device (`full`, `arange`, `zeros`) copy nothing."""
+    if func in (torch.tensor, torch.as_tensor):
+        return kwargs.get("device") is not None and not _marked(args[:1])
+    if func is Tensor.to and not _marked(args[:1]) and not kwargs.get("non_blocking"):
+        target = kwargs.get("device", args[1] if len(args) > 1 else None)
+        return isinstance(target, (str, torch.device, Tensor)) and not isinstance(target, bool)
+    return False
 
 
 def _to_host(args, kwargs) -> bool:

@@ -127,7 +127,11 @@ def select_adaserve(
     quota = (wanted & _rank_valid(cands)).sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
     # Requests are served in urgency order until the budget runs out: request i (in that order)
     # gets min(quota_i, what is left after the requests before it).
-    draft_budget = (torch.as_tensor(budget, device=device) - num_requests).clamp(min=0)
+    if not isinstance(budget, torch.Tensor):  # filled on the device: no copy to wait for
+        budget = torch.full((), budget, dtype=torch.long, device=device)
+    if isinstance(max_nodes_per_request, torch.Tensor):
+        max_nodes_per_request = max_nodes_per_request.to(device, non_blocking=True)
+    draft_budget = (budget - num_requests).clamp(min=0)
     urgency = torch.sort(required, descending=True, stable=True).indices  # [B]
     quota_sorted = quota[urgency]  # [B]
     served_before = quota_sorted.cumsum(0) - quota_sorted  # [B]
@@ -274,7 +278,7 @@ def _global_top(
     free = cands.valid & ~taken  # [B, N]
     prob = cands.path_prob
     if rank_weight is not None:
-        prob = prob * rank_weight.to(prob.device, prob.dtype)[:, None]
+        prob = prob * rank_weight.to(prob.device, prob.dtype, non_blocking=True)[:, None]
     key = torch.where(free, prob, -math.inf).flatten()  # [B*N]
     order = torch.sort(key, descending=True, stable=True).indices
     rank = torch.empty_like(order).scatter_(0, order, torch.arange(key.numel(), device=key.device))

@@ -49,7 +49,7 @@ def beams_of_widths(
     max_level = depth if isinstance(depth, int) else int(depth.max()) if depth.numel() else 0
     beams = len(widths)
     kept = torch.zeros((beams, *valid.shape), dtype=torch.bool, device=valid.device)
-    width = torch.tensor(widths, device=valid.device).view(-1, 1, 1)  # [W, 1, 1]
+    width = torch.tensor(widths).to(valid.device, non_blocking=True).view(-1, 1, 1)  # [W, 1, 1]
     index = torch.arange(cands.num_nodes, device=valid.device)
     has_parent = (cands.parents >= 0).expand_as(kept)
     parents = cands.parents.clamp(min=0).expand_as(kept)

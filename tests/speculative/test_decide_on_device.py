@@ -1,6 +1,6 @@
 """adaserve's decision between the draft and the verify, on device-resident candidates
-(`host_reads`): no host read of what the draft wrote, and the same decision as on host tensors
-(where it may take its read-to-skip shortcuts)."""
+(`host_reads`): no host read of what the draft wrote and no blocking copy to the device, and
+the same decision as on host tensors (where it may take its read-to-skip shortcuts)."""
 
 from __future__ import annotations
 
@@ -39,11 +39,12 @@ def beam_forest(rng: random.Random, requests: int, depth: int, width: int) -> Ca
     return Candidates(tokens, parents, prob, valid)
 
 
-def warmed_policy(**config) -> AdaservePolicy:
-    """The cost rule with a verify latency fitted (so the budget comes from the draft)."""
+def warmed_policy(fitted: bool = True, **config) -> AdaservePolicy:
+    """The cost rule with a verify latency fitted (so the budget comes from the draft), or
+    none yet (the configured budget, a host int)."""
     policy = AdaservePolicy(AdaserveConfig(**config))
     policy.observe_iteration(12.0)
-    for tokens in (1, 2, 4, 8, 16, 32, 64):
+    for tokens in (1, 2, 4, 8, 16, 32, 64) if fitted else ():
         policy.verify_latency.observe((tokens, 400), 8.0 + 0.3 * tokens)
     return policy
 
@@ -56,10 +57,12 @@ SLO_MIXES = {
 
 
 @pytest.mark.parametrize("mix", SLO_MIXES)
-@pytest.mark.parametrize("lead_floor", [1.0, 0.3])
-def test_the_decision_reads_nothing_of_the_draft_and_matches_the_host_one(mix, lead_floor):
-    rng = random.Random(f"{mix}-{lead_floor}")
-    policy = warmed_policy(lead_floor=lead_floor)
+@pytest.mark.parametrize("lead_floor, fitted", [(1.0, True), (0.3, True), (0.3, False)])
+def test_the_decision_reads_nothing_of_the_draft_and_matches_the_host_one(
+    mix, lead_floor, fitted
+):
+    rng = random.Random(f"{mix}-{lead_floor}-{fitted}")
+    policy = warmed_policy(fitted, lead_floor=lead_floor)
     for trial in range(6):
         requests, depth, width = rng.randint(1, 9), rng.randint(1, 5), rng.randint(1, 4)
         cands = beam_forest(rng, requests, depth, width)

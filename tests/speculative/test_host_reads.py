@@ -54,3 +54,17 @@ def test_copies_to_the_host_are_host_tensors_and_non_blocking_copies_are_no_read
         copied = f.cpu()
     assert counter.count == 1 and dict(counter.by_kind) == {"cpu": 1}
     assert type(moved) is torch.Tensor and type(copied) is torch.Tensor
+
+
+def test_a_blocking_copy_of_host_data_to_the_device_is_counted():
+    f = on_device(torch.rand(3))
+    host = torch.ones(3)
+    with HostReadCounter() as counter:
+        torch.tensor([1, 2], device=f.device)
+        torch.as_tensor(2, device=f.device)
+        host.to(f.device)
+        host.to(f.device, non_blocking=True)  # not counted: the host does not wait
+        torch.full((), 2, device=f.device)  # filled on the device: nothing copied
+        torch.arange(3, device=f.device)
+        f.to(torch.float64)  # a dtype, on the device
+    assert counter.count == 3 and dict(counter.by_kind) == {"to_device": 3}, counter.sites
