@@ -52,6 +52,7 @@ from sgl_adaspec.speculative.sglang.runtime import (
     scheduler_started,
     warn_once,
 )
+from sgl_adaspec.speculative.host_reads import unmarked
 from sgl_adaspec.speculative.sglang.host_read_count import counted_host_reads
 from sgl_adaspec.speculative.sglang.tree import (
     DraftTree,
@@ -296,6 +297,8 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
             prune_tree(tree, keep, scope.parents)
     if reads is not None:
         policy.stats.observe_host_reads(reads.count, reads.sites)
+        # The marks stay in the window: what SGLang's verify receives is plain.
+        keep, scope.parents = unmarked(keep), unmarked(scope.parents)
     if decision is None and sync.leads:  # the full tree, as every rank got it
         return original(worker, batch, *args, **kwargs)
     scope.policy_input, scope.decision, scope.keep = it, decision, keep
