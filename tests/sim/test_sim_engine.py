@@ -385,14 +385,7 @@ def test_a_decision_shorter_than_its_draft_costs_the_clock_nothing_past_the_draf
 ):
     """`charge_critical_path="past-draft"`: a decision that reads nothing of the device runs
     on the host while the draft's kernels run, so only what outlasts the draft is charged."""
-    workload = WorkloadArrays(
-        ("coding", "chat", "summarization"),
-        arrival_s=np.array([0.0, 0.0]),
-        class_index=np.zeros(2, dtype=np.int64),
-        prompt_tokens=np.full(2, 100),
-        output_tokens=np.full(2, 30),
-        tpot_slo_ms=np.full(2, np.nan),
-    )
+    workload = _burst(2, 100, 30, np.nan)
     latency = get_preset("h100-llama8b")
     monkeypatch.setattr(engine, "host_clock", _CLOCK)
 
