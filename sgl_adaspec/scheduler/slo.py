@@ -144,5 +144,4 @@ def capped_required(required: torch.Tensor, depth: torch.Tensor | int) -> torch.
         raise ValueError(f"depth has shape {tuple(depth.shape)}, required {tuple(required.shape)}")
     if free_to_read(depth) and bool((depth < 0).any()):
         raise ValueError(f"depth must be >= 0: {depth}")
-    required = required.to(depth.device, non_blocking=True)
     return torch.minimum(required, (depth + 1).to(required.dtype))

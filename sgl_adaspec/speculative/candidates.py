@@ -136,13 +136,10 @@ class Candidates:
         parent's; valid closed under parent). The nodes' depths carry over: checking and
         re-deriving them for the two trees derived per iteration was a tenth of the policy's
         time."""
-        tree = object.__new__(Candidates)
-        for name, value in (
-            ("tokens", self.tokens), ("parents", self.parents),
-            ("path_prob", self.path_prob if path_prob is None else path_prob),
-            ("valid", self.valid if valid is None else valid),
-        ):  # fmt: skip
-            object.__setattr__(tree, name, value)
+        tree = Candidates.trusted(
+            self.tokens, self.parents, self.path_prob if path_prob is None else path_prob,
+            self.valid if valid is None else valid,
+        )  # fmt: skip
         if "depth" in self.__dict__:
             tree.__dict__["depth"] = self.__dict__["depth"]
         return tree
@@ -164,9 +161,9 @@ class Candidates:
     def rows(self, index: torch.Tensor) -> Candidates:
         """The trees of the requests `index` [R] int64, in that order, not checked again (the
         depths carry over)."""
-        tree = object.__new__(Candidates)
-        for name in ("tokens", "parents", "path_prob", "valid"):
-            object.__setattr__(tree, name, getattr(self, name)[index])
+        tree = Candidates.trusted(
+            self.tokens[index], self.parents[index], self.path_prob[index], self.valid[index]
+        )
         if "depth" in self.__dict__:
             tree.__dict__["depth"] = self.__dict__["depth"][index]
         return tree
