@@ -110,7 +110,7 @@ print(f"spec_policy={state['spec_policy']} classes.custom={custom}")
 assert state["spec_policy"] == "adaserve", state["spec_policy"]
 assert custom["finished"] == 1, custom
 metrics = requests.get(f"{url}/metrics", timeout=60).text
-line = next(m for m in metrics.splitlines() if m.startswith('sglang_adaspec:requests_finished_total{slo_class="custom"}'))
+line = next(m for m in metrics.splitlines() if m.startswith('sglang_adaspec:requests_finished_total{slo_class="custom_le_2000ms"}'))
 print(line)
 PY
 step "stop"

@@ -50,7 +50,7 @@ DASHBOARD = REPO / "docker" / "grafana" / "dashboard.json"
 REQUESTS = (
     ({"slo_class": "chat"}, "chat"),
     ({"slo_class": "summarization"}, "summarization"),
-    ({"tpot_slo_ms": 200}, "custom"),
+    ({"tpot_slo_ms": 200}, "custom_le_200ms"),
     (None, "best_effort"),
 )
 PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n\n", "class Stack:", "for i in range(10):")

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from sgl_adaspec.bench.http_stream import Api, StreamResult, stream_request
 from sgl_adaspec.bench.metrics import RequestRecord
 from sgl_adaspec.bench.workloads import Workload, WorkloadRequest
-from sgl_adaspec.scheduler.request_slo import RequestSlo
+from sgl_adaspec.scheduler.request_slo import CUSTOM_CLASS, RequestSlo
 
 SloField = Literal["tpot_slo_ms", "slo_class"]
 SLO_FIELDS: tuple[str, ...] = ("tpot_slo_ms", "slo_class")
@@ -65,7 +65,7 @@ class SloSettings:
         target = self.target_ms(slo)
         if target is None:
             return params or None
-        if self.send == "slo_class" and slo.slo_class != "custom":
+        if self.send == "slo_class" and slo.slo_class != CUSTOM_CLASS:
             return {**params, "slo_class": slo.slo_class}
         return {**params, "tpot_slo_ms": round(target, 3)}
 

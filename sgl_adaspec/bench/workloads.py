@@ -29,10 +29,9 @@ from sgl_adaspec.bench.traces import (
     load_trace,
     synthetic_trace,
 )
-from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo
+from sgl_adaspec.scheduler.request_slo import CUSTOM_CLASS, RequestSlo, parse_request_slo
 from sgl_adaspec.scheduler.slo_config import SloConfig
 
-CUSTOM_CLASS = "custom"  # the class name the server also gives a request stating tpot_slo_ms
 
 
 class WorkloadError(ValueError):

@@ -22,6 +22,7 @@ from sgl_adaspec.scheduler.slo_config import BEST_EFFORT, SloConfig, check_tpot_
 
 TPOT_FIELD = "tpot_slo_ms"
 CLASS_FIELD = "slo_class"
+CUSTOM_CLASS = "custom"  # the class of a request stating a bare tpot_slo_ms
 TTFT_FIELD = "ttft_slo_ms"
 
 
@@ -121,7 +122,7 @@ def _parse_tpot_slo(custom_params: dict, config: SloConfig) -> RequestSlo:
     tpot = check_tpot_ms(custom_params[TPOT_FIELD], TPOT_FIELD) if has_tpot else None
     if not has_class:
         if tpot is not None:
-            return RequestSlo("custom", tpot_slo_ms=tpot)
+            return RequestSlo(CUSTOM_CLASS, tpot_slo_ms=tpot)
         return _class_slo(config.default, config)
     name = custom_params[CLASS_FIELD]
     if not isinstance(name, str):

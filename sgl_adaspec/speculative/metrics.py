@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from sgl_adaspec.scheduler.request_slo import CUSTOM_CLASS
+
 PREFIX = "sglang_adaspec:"
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 TPOT_BUCKETS_MS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000)
@@ -23,6 +25,19 @@ def verified_per_iteration(meta_info: dict) -> list[int]:
     """The tokens verified (root included) in each speculative iteration that served a
     response, in order, from its meta_info; empty where none did."""
     return [count for count in meta_info.get(VERIFIED_TOKENS_KEY) or () if count is not None]
+
+
+def prometheus_slo_label(slo_class: str, tpot_slo_ms: float | None) -> str:
+    """The `slo_class` label of a finished request: its class, except that a bare `tpot_slo_ms`
+    (class `custom`) is labelled by the TPOT bucket its SLO falls in (`custom_le_50ms`: over
+    the next lower edge, at most 50 ms; `custom_gt_2000ms` past the last edge), so numeric SLOs
+    keep apart in at most 16 series."""
+    if slo_class != CUSTOM_CLASS or tpot_slo_ms is None:
+        return slo_class
+    edge = next((ms for ms in TPOT_BUCKETS_MS if tpot_slo_ms <= ms), None)
+    if edge is None:
+        return f"{CUSTOM_CLASS}_gt_{TPOT_BUCKETS_MS[-1]}ms"
+    return f"{CUSTOM_CLASS}_le_{edge}ms"
 
 
 def metrics_enabled() -> bool:
@@ -128,7 +143,10 @@ class PrometheusSink:
     def observe_early_exit(self, tested, exited) -> None:
         self._of(self.exited).inc(exited)
 
-    def observe_finished(self, slo_class: str, tpot_ms: float, met: bool) -> None:
+    def observe_finished(
+        self, slo_class: str, tpot_ms: float, met: bool, tpot_slo_ms: float | None = None
+    ) -> None:
+        slo_class = prometheus_slo_label(slo_class, tpot_slo_ms)
         self._of(self.finished, slo_class).inc()
         met_counter = self._of(self.met, slo_class)  # at 0 until the class first meets its SLO
         if met:

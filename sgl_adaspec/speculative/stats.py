@@ -206,7 +206,7 @@ class SpecStats:
         met = tpot_slo_ms is None or tpot_ms <= tpot_slo_ms
         stats.met += met
         for sink in self.sinks:
-            sink.observe_finished(slo_class, tpot_ms, met)
+            sink.observe_finished(slo_class, tpot_ms, met, tpot_slo_ms)
 
     def observe_speculative_ms(self, iteration_ms: float) -> None:
         """A speculative iteration's wall time: the first `FIRST_SPECULATIVE_REPORTED` are kept."""

@@ -104,18 +104,24 @@ def test_server_info_reports_policy_state_and_per_class_attainment(adaserve_outp
 def test_prometheus_metrics_carry_slo_class_labels(adaserve_outputs):
     _, state, metrics, _ = adaserve_outputs
     lines = metric_values(metrics)
-    assert lines['sglang_adaspec:requests_finished_total{slo_class="custom"}'] == 2
+    # A bare tpot_slo_ms is labelled by its TPOT bucket: 5 ms and 5 s fall in two.
+    tight, loose = 'slo_class="custom_le_5ms"', 'slo_class="custom_gt_2000ms"'
+    assert lines[f"sglang_adaspec:requests_finished_total{{{tight}}}"] == 1
+    assert lines[f"sglang_adaspec:requests_finished_total{{{loose}}}"] == 1
+    assert 'sglang_adaspec:requests_finished_total{slo_class="custom"}' not in lines
     # As many met as /server_info counts (whether the 5 ms one is met depends on the host).
     met = state["stats"]["classes"]["custom"]["met"]
-    assert lines['sglang_adaspec:requests_slo_met_total{slo_class="custom"}'] == met
+    met_series = (f"sglang_adaspec:requests_slo_met_total{{{label}}}" for label in (tight, loose))
+    assert sum(lines[name] for name in met_series) == met
+    assert lines[f"sglang_adaspec:requests_slo_met_total{{{loose}}}"] == 1
     # The configured classes' counters exist from start-up, at 0 (no chat request was sent).
     assert lines['sglang_adaspec:requests_finished_total{slo_class="chat"}'] == 0
     assert lines['sglang_adaspec:requests_slo_met_total{slo_class="chat"}'] == 0
     assert lines['sglang_adaspec:iteration_shape{parameter="budget"}'] == 8
     assert lines["sglang_adaspec:verified_tokens_per_iteration_count"] >= 10
     # TPOT in seconds as SGLang's own histogram, the deprecated ms one beside it.
-    seconds = 'sglang_adaspec:request_time_per_output_token_seconds_sum{slo_class="custom"}'
-    millis = 'sglang_adaspec:request_tpot_ms_sum{slo_class="custom"}'
+    seconds = f"sglang_adaspec:request_time_per_output_token_seconds_sum{{{loose}}}"
+    millis = f"sglang_adaspec:request_tpot_ms_sum{{{loose}}}"
     assert lines[seconds] == pytest.approx(lines[millis] / 1000)
 
 

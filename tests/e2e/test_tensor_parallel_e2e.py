@@ -56,7 +56,8 @@ def test_adaserve_under_tp2_with_skewed_rank_clocks(
     assert stats["classes"]["custom"]["finished"] == 2
     assert stats["classes"]["chat"]["finished"] == 1
     metrics = metric_values(state["metrics"])
-    assert metrics['sglang_adaspec:requests_finished_total{slo_class="custom"}'] == 2
+    for bucket in ("custom_le_5ms", "custom_gt_2000ms"):  # mixed_batch's 5 ms and 5 s SLOs
+        assert metrics[f'sglang_adaspec:requests_finished_total{{slo_class="{bucket}"}}'] == 1
     assert metrics['sglang_adaspec:requests_finished_total{slo_class="chat"}'] == 1
 
 

@@ -350,3 +350,39 @@ def test_settled_calibration_ratio_counts_only_predictions_made_after_warm_up():
     assert report["settled_iterations"] == 100
     # The decayed ratio still remembers the warm-up's two iterations.
     assert report["acceptance_calibrated_over_observed"] > 1.1
+
+
+def test_numeric_slos_get_their_tpot_bucket_as_prometheus_label():
+    from prometheus_client import REGISTRY
+
+    from sgl_adaspec.speculative.metrics import (
+        TPOT_BUCKETS_MS,
+        PrometheusSink,
+        prometheus_slo_label,
+    )
+
+    assert prometheus_slo_label("chat", 50.0) == "chat"  # a named class keeps its name
+    assert prometheus_slo_label("custom", None) == "custom"
+    for below, edge in zip((0.0, *TPOT_BUCKETS_MS), TPOT_BUCKETS_MS):
+        assert prometheus_slo_label("custom", edge) == f"custom_le_{edge}ms"
+        assert prometheus_slo_label("custom", (below + edge) / 2) == f"custom_le_{edge}ms"
+    assert prometheus_slo_label("custom", 2000.5) == "custom_gt_2000ms"
+
+    from sgl_adaspec.speculative.stats import SpecStats
+
+    stats = SpecStats(sinks=[PrometheusSink(slo_classes=("chat",))])
+    stats.observe_finished("custom", tpot_ms=30.0, tpot_slo_ms=40.0)
+    stats.observe_finished("custom", tpot_ms=90.0, tpot_slo_ms=45.0)
+    stats.observe_finished("custom", tpot_ms=90.0, tpot_slo_ms=400.0)
+    stats.observe_finished("chat", tpot_ms=90.0, tpot_slo_ms=50.0)
+
+    def sample(name: str, label: str) -> float | None:
+        return REGISTRY.get_sample_value(f"sglang_adaspec:{name}", {"slo_class": label})
+
+    assert sample("requests_finished_total", "custom_le_50ms") == 2
+    assert sample("requests_slo_met_total", "custom_le_50ms") == 1
+    assert sample("requests_finished_total", "custom_le_500ms") == 1
+    assert sample("requests_finished_total", "custom") is None  # no series under the bare name
+    chat = (sample("requests_finished_total", "chat"), sample("requests_slo_met_total", "chat"))
+    assert chat == (1, 0)
+    assert stats.classes["custom"].finished == 3  # /server_info keeps the class
