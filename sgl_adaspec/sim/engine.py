@@ -14,7 +14,7 @@ overlap scheduling):
 - a plain iteration (a policy's depth 0) leaves its requests' draft state stale, as SGLang's
   steps-0 path does with the draft extend skipped, as the plugin runs it (zeroed top-k): their
   next draft's path probabilities are 0 and it accepts nothing (not after SGLang's own
-  adaptive steps 0, which keeps the extend: `Decision.warm_draft`).
+  adaptive steps 0, which keeps the extend: `SimStep.warm_draft`).
 
 SLO accounting (as the server's `speculative/sglang/`, and as a client and SGLang measure
 TPOT): a request's clock starts at its first token, the prefill's; TPOT = (finish - first
@@ -338,21 +338,21 @@ def _decode_iteration(
 
     context_lens = workload.prompt_tokens[running] + tokens[running]
     decide_started = host_clock()
-    decision = policy.decide(slo, draft, tuple(str(i) for i in running), context_lens)
+    step = policy.decide(slo, draft, tuple(str(i) for i in running), context_lens)
     # On a server the policy's decisions sit inside the iteration it times; its observe after.
     decide_ms = 1000.0 * (host_clock() - decide_started - simulated_s) * policy_time_scale
-    if decision.trees is None:
+    if step.trees is None:
         accepted, deepest = np.zeros(running.size, dtype=np.int64), None
     else:
-        accepted, deepest = accept_walk(decision.trees, decision.selected, rng)
-    result.draft_stale[running] = decision.trees is None and not decision.warm_draft
+        accepted, deepest = accept_walk(step.trees, step.selected, rng)
+    result.draft_stale[running] = step.trees is None and not step.warm_draft
     context = int(context_lens.sum())
-    draft_ms = sum(latency.draft_step_ms(t, context) for t in decision.draft_forward_tokens)
+    draft_ms = sum(latency.draft_step_ms(t, context) for t in step.draft_forward_tokens)
     if charge_critical_path is not None:
         decide_ms = 1000.0 * getattr(policy, "critical_s", 0.0) * policy_time_scale
         if charge_critical_path == "past-draft":
             decide_ms = max(decide_ms - draft_ms, 0.0)
-    verified = int(decision.verified.sum())
+    verified = int(step.verified.sum())
     verify_ms = latency.verify_ms(verified, context)
     elapsed_ms = draft_ms + verify_ms
     if policy_time_scale:
@@ -361,7 +361,8 @@ def _decode_iteration(
     committed = np.minimum(accepted + 1, remaining)
     tokens[running] += committed
     observe_started = host_clock()
-    policy.observe(decision, accepted, elapsed_ms, verify_ms, deepest, after_prefill, stall_ms)
+    accept_lens = accepted + 1  # bonus included, as SGLang's accept_lens
+    policy.observe(step, accept_lens, elapsed_ms, verify_ms, deepest, after_prefill, stall_ms)
     observe_ms = 1000.0 * (host_clock() - observe_started) * policy_time_scale
     if charge_critical_path is not None:
         observe_ms = 0.0

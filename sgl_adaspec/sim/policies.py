@@ -1,7 +1,8 @@
 """Simulator adapters of the speculation policies: how each one drafts and selects per iteration.
 
-Each adapter turns the running batch into a `Decision` (draft forwards to pay for, the candidate
+Each adapter turns the running batch into a `SimStep` (draft forwards to pay for, the candidate
 trees, the selected nodes, the tokens verified per request) and learns from the outcome. The
+server's policies run through the server's own `IterationDriver` (`ServerPolicy`). The
 selection itself is the server's code: `select_static` for SGLang's EAGLE-2 tree,
 `AdaservePolicy.select` (adaptive shape, A(r), `select_adaserve`) for adaserve.
 
@@ -32,12 +33,8 @@ from sgl_adaspec.sim.trees import SampledTrees
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies import SHAPING_POLICIES, build_policy
 from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
-from sgl_adaspec.speculative.policies.base import (
-    IterationInput,
-    PolicyBase,
-    make_outcome,
-    policy_calls,
-)
+from sgl_adaspec.speculative.driver import IterationDriver, VerifyResult
+from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase
 from sgl_adaspec.speculative.selection import select_static
 
 # draft(depth, width) -> the batch's sampled candidate trees of that beam shape.
@@ -45,8 +42,9 @@ Drafter = Callable[[int, int], SampledTrees]
 
 
 @dataclass(frozen=True)
-class Decision:
-    """- draft_forward_tokens: batch tokens of each draft forward this iteration (empty: none);
+class SimStep:
+    """What the engine runs in one decode iteration.
+    - draft_forward_tokens: batch tokens of each draft forward this iteration (empty: none);
     - trees / selected [B, N] bool: candidate trees and the nodes sent to verification (None
       without speculation);
     - verified [B] int64: tokens each request verifies, root included;
@@ -70,7 +68,7 @@ class SimPolicy(Protocol):
 
     def decide(
         self, slo: SloBatch, draft: Drafter, rids: tuple[str, ...], context_lens: np.ndarray
-    ) -> Decision:
+    ) -> SimStep:
         """rids [B]: stable request ids; context_lens [B]: tokens in each request's KV."""
 
     def draft_prefills(self, new_requests: int) -> bool:
@@ -80,15 +78,16 @@ class SimPolicy(Protocol):
 
     def observe(
         self,
-        decision: Decision,
-        accepted: np.ndarray,
+        step: SimStep,
+        accept_lens: np.ndarray,
         latency_ms: float,
         verify_ms: float,
         deepest: np.ndarray | None = None,
         after_prefill: bool = False,
         stall_ms: float = 0.0,
     ) -> None:
-        """accepted [B]: draft tokens accepted per request (bonus not counted); deepest [B]:
+        """accept_lens [B]: tokens each request committed, bonus included, as SGLang's
+        `accept_lens` and `VerifyResult.accept_lens` (1 in a plain iteration); deepest [B]:
         each request's deepest accepted node (-1: none; None without speculation);
         after_prefill: a prefill ran just before this iteration (`Outcome.after_prefill`);
         stall_ms: prefill time the running requests waited on since their last iteration
@@ -101,11 +100,11 @@ def _beam_forwards(num_requests: int, depth: int, width: int) -> tuple[int, ...]
     return (num_requests,) + (num_requests * width,) * (depth - 1)
 
 
-def _plain(num_requests: int, warm: bool = False) -> Decision:
+def _plain(num_requests: int, warm: bool = False) -> SimStep:
     """A plain iteration; `warm`: the draft extend still runs, one draft forward over the
     requests' new tokens (priced as a draft step), and keeps the draft's state."""
     forwards = (num_requests,) if warm else ()
-    return Decision(forwards, None, None, np.ones(num_requests, dtype=np.int64), warm_draft=warm)
+    return SimStep(forwards, None, None, np.ones(num_requests, dtype=np.int64), warm_draft=warm)
 
 
 @dataclass
@@ -113,13 +112,13 @@ class NoSpeculation:
     name: str = "none"
     speculates: bool = False
 
-    def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
+    def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> SimStep:
         return _plain(slo.num_requests)
 
     def draft_prefills(self, new_requests: int) -> bool:
         return True
 
-    def observe(self, decision, accepted, *_rest) -> None:
+    def observe(self, step, accept_lens, *_rest) -> None:
         pass  # learns nothing
 
 
@@ -134,10 +133,10 @@ class StaticTree:
     def draft_prefills(self, new_requests: int) -> bool:
         return True
 
-    def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
+    def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> SimStep:
         trees = draft(self.depth, self.width)
         selection = select_static(trees.candidates(), self.num_draft_tokens - 1)
-        return Decision(
+        return SimStep(
             _beam_forwards(slo.num_requests, self.depth, self.width),
             trees,
             selection.mask.numpy(),
@@ -146,7 +145,7 @@ class StaticTree:
             self.width,
         )
 
-    def observe(self, decision, accepted, *_rest) -> None:
+    def observe(self, step, accept_lens, *_rest) -> None:
         pass  # learns nothing
 
 
@@ -211,7 +210,7 @@ class AdaptiveSteps:
         key = max([k for k in self._keys if k <= num_requests], default=self._keys[0])
         return self._state[key]
 
-    def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> Decision:
+    def decide(self, slo: SloBatch, draft: Drafter, *_batch) -> SimStep:
         num_requests = slo.num_requests
         steps = self.tier(num_requests).steps
         if steps == 0:  # its draft extend still runs ("keeping draft KV warm")
@@ -219,13 +218,14 @@ class AdaptiveSteps:
         trees = draft(steps, 1)
         selected = np.ones(trees.parents.shape, dtype=bool)  # the whole chain is verified
         verified = np.full(num_requests, steps + 1, dtype=np.int64)
-        return Decision((num_requests,) * steps, trees, selected, verified, steps, 1)
+        return SimStep((num_requests,) * steps, trees, selected, verified, steps, 1)
 
-    def observe(self, decision, accepted, *_rest) -> None:
-        tier = self.tier(len(decision.verified))
+    def observe(self, step, accept_lens, *_rest) -> None:
+        tier = self.tier(len(step.verified))
         if tier.steps > 0:
             w = self.ema_weight
-            tier.ema_accepted = (1 - w) * tier.ema_accepted + w * float(accepted.mean())
+            drafts = float(accept_lens.mean()) - 1.0  # accepted draft tokens, bonus excluded
+            tier.ema_accepted = (1 - w) * tier.ema_accepted + w * drafts
         tier.batches += 1
         if tier.batches > self.warmup and (tier.batches - self.warmup) % self.interval == 0:
             self._redecide(tier)
@@ -253,9 +253,9 @@ class AdaptiveSteps:
 
 @dataclass
 class ServerPolicy:
-    """Any server policy (`speculative/policies`) driven exactly as the SGLang adapter drives
-    it: `draft_shape` before the draft (depth 0: a plain decode), `decide` on the candidates,
-    then one `observe` of the outcome built by the same `make_outcome`.
+    """Any server policy (`speculative/policies`) driven by the server's `IterationDriver`:
+    `plan` before the draft (depth 0: a plain decode), `decide` on the candidates, then one
+    `observe` of the outcome.
     - depth / width: the configured draft search (--speculative-num-steps / -eagle-topk);
     - num_draft_tokens: SGLang's rerank keeps each request's top nodes by f, root included
       (--speculative-num-draft-tokens); None: every drafted node is a candidate;
@@ -269,35 +269,35 @@ class ServerPolicy:
     num_draft_tokens: int | None = 8
     planned_shape: bool = True
     speculates: bool = True
-    # Host seconds of the last iteration's `decide` between its draft and its verify (0 for a
-    # plain one); the engine charges them with `EngineConfig.charge_critical_path`.
-    critical_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.driver = IterationDriver(self.policy, clock=_host_clock)
+        self._pending: tuple = ()
+
+    @property
+    def critical_s(self) -> float:
+        """Host seconds of the last iteration's `decide`, between its draft and its verify (0
+        for a plain one); the engine charges them with `EngineConfig.charge_critical_path`."""
+        return self.driver.critical_s
 
     def decide(
         self, slo: SloBatch, draft: Drafter, rids: tuple[str, ...], context_lens: np.ndarray
-    ) -> Decision:
+    ) -> SimStep:
         num_requests = slo.num_requests
-        self.critical_s = 0.0
-        with policy_calls():
-            depth, width = self.policy.draft_shape(num_requests, self.depth, self.width, slo)
-            warm = depth == 0 and self.policy.keep_draft_warm()
-        self._pending = (None, None, rids, int(context_lens.sum()))
-        if depth == 0:
-            return _plain(num_requests, warm=warm)
-        if not self.planned_shape:
-            depth, width = self.depth, self.width
+        plan = self.driver.plan(num_requests, (self.depth, self.width), slo)
+        self._pending = (plan, None, None, rids, int(context_lens.sum()))
+        if plan.plain:
+            return _plain(num_requests, warm=plan.keep_warm)
+        depth, width = (plan.depth, plan.width) if self.planned_shape else (self.depth, self.width)
         trees = draft(depth, width)
         cands = trees.candidates()
         if self.num_draft_tokens is not None:
             kept = select_static(cands, self.num_draft_tokens - 1).mask
             cands = Candidates(cands.tokens, cands.parents, cands.path_prob, kept)
         it = IterationInput(cands, slo, rids, torch.from_numpy(context_lens), depth, width)
-        started = _host_clock()
-        with policy_calls():
-            decision = self.policy.decide(it)
-        self.critical_s = _host_clock() - started
-        self._pending = (it, decision, rids, int(context_lens.sum()))
-        return Decision(
+        decision = self.driver.decide(it)
+        self._pending = (plan, it, decision, rids, int(context_lens.sum()))
+        return SimStep(
             _beam_forwards(num_requests, depth, width),
             trees,
             decision.selection.mask.numpy(),
@@ -308,37 +308,30 @@ class ServerPolicy:
         )
 
     def draft_prefills(self, new_requests: int) -> bool:
-        with policy_calls():
-            return self.policy.draft_prefills(new_requests)
+        return self.driver.draft_prefills(new_requests)
 
     def observe(
         self,
-        decision,
-        accepted,
+        step,
+        accept_lens,
         latency_ms,
         verify_ms,
         deepest=None,
         after_prefill=False,
         stall_ms=0.0,
     ) -> None:
-        it, server_decision, rids, context = self._pending
-        if server_decision is None:
-            self.policy.stats.observe_plain(len(rids), decision.warm_draft)
-        with policy_calls():
-            outcome = make_outcome(
-                it,
-                server_decision,
-                rids=rids,
-                context_tokens=context,
-                accepted=torch.from_numpy(accepted + 1),
-                verify_ms=verify_ms,
-                iteration_ms=latency_ms,
-                deepest_accepted=None if deepest is None else torch.from_numpy(deepest),
-                after_prefill=after_prefill,
-                draft_kept=decision.warm_draft,
-                stall_ms=stall_ms,
-            )
-            self.policy.observe(outcome)
+        plan, it, decision, rids, context = self._pending
+        result = VerifyResult(
+            accept_lens=torch.from_numpy(accept_lens),
+            verify_ms=verify_ms,
+            iteration_ms=latency_ms,
+            rids=rids,
+            context_tokens=context,
+            deepest_accepted=None if deepest is None else torch.from_numpy(deepest),
+            after_prefill=after_prefill,
+            stall_ms=stall_ms,
+        )
+        self.driver.observe(plan, result, it, decision)
 
 
 def adaserve_sim(config: AdaserveConfig, name: str = "adaserve", planned: bool = True):

@@ -2,9 +2,7 @@
 its grid end to end on the CPU."""
 
 import json
-import sys
 
-import pytest
 import torch
 import torch.nn.functional as F
 

@@ -1,7 +1,6 @@
 """benchmarks/sim_paired_gap.py: adaserve minus each other policy, seed by seed."""
 
 import json
-import sys
 
 import pytest
 

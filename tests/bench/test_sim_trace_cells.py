@@ -2,7 +2,6 @@
 the worst gap last, and a second run resumes from the cells already written."""
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np

@@ -17,7 +17,7 @@ from sgl_adaspec.sim.acceptance import resolve as resolve_acceptance
 from sgl_adaspec.sim import engine
 from sgl_adaspec.sim.engine import EngineConfig, simulate
 from sgl_adaspec.sim.latency import get_preset
-from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES, Decision, make_policy
+from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES, SimStep, make_policy
 from sgl_adaspec.sim.trees import draft_trees
 from sgl_adaspec.sim.workload import WorkloadArrays, poisson_workload
 
@@ -142,22 +142,22 @@ class _PlainThenTwoChains:
     iteration: int = 0
     seen: list = field(default_factory=list)  # (path probabilities [B, 2], accepted [B])
 
-    def decide(self, slo, draft, *_batch) -> Decision:
+    def decide(self, slo, draft, *_batch) -> SimStep:
         self.iteration += 1
         n = slo.num_requests
         if self.iteration % 3 == 1:
             plain = np.ones(n, dtype=np.int64)
-            return Decision((), None, None, plain, warm_draft=self.warm_draft)
+            return SimStep((), None, None, plain, warm_draft=self.warm_draft)
         trees = draft(2, 1)
         self.seen.append([trees.path_prob.copy(), None])
-        return Decision((n, n), trees, np.ones((n, 2), dtype=bool), np.full(n, 3), 2, 1)
+        return SimStep((n, n), trees, np.ones((n, 2), dtype=bool), np.full(n, 3), 2, 1)
 
     def draft_prefills(self, new_requests: int) -> bool:
         return self.prefill_draft
 
-    def observe(self, decision, accepted, latency_ms, verify_ms, *_rest) -> None:
-        if decision.trees is not None:
-            self.seen[-1][1] = accepted.copy()
+    def observe(self, step, accept_lens, latency_ms, verify_ms, *_rest) -> None:
+        if step.trees is not None:
+            self.seen[-1][1] = accept_lens - 1  # draft tokens accepted
 
 
 def test_a_draft_after_a_plain_iteration_runs_on_stale_state():
@@ -221,14 +221,14 @@ class _StallRecorder:
     def __post_init__(self) -> None:
         self.name, self.speculates = self.inner.name, self.inner.speculates
 
-    def decide(self, slo, *rest) -> Decision:
+    def decide(self, slo, *rest) -> SimStep:
         self._running = slo.num_requests
         return self.inner.decide(slo, *rest)
 
     def draft_prefills(self, new_requests: int) -> bool:
         return self.inner.draft_prefills(new_requests)
 
-    def observe(self, decision, accepted, latency_ms, verify_ms, deepest=None, after_prefill=False,
+    def observe(self, step, accept_lens, latency_ms, verify_ms, deepest=None, after_prefill=False,
                 stall_ms=0.0) -> None:  # fmt: skip
         self.stalls.append((self._running, stall_ms))
 
@@ -260,7 +260,7 @@ class _ClockRecorder(_StallRecorder):
 
     elapsed_ms: list = field(default_factory=list)
 
-    def decide(self, slo, *rest) -> Decision:
+    def decide(self, slo, *rest) -> SimStep:
         self.elapsed_ms.append(slo.decode_elapsed_ms.tolist())
         return super().decide(slo, *rest)
 
@@ -306,17 +306,17 @@ class _SlowPolicy:
     def __post_init__(self) -> None:
         self.name, self.speculates = self.inner.name, self.inner.speculates
 
-    def decide(self, *args) -> Decision:
+    def decide(self, *args) -> SimStep:
         _busy(self.decide_s)
         return self.inner.decide(*args)
 
     def draft_prefills(self, new_requests: int) -> bool:
         return self.inner.draft_prefills(new_requests)
 
-    def observe(self, decision, accepted, latency_ms, *rest) -> None:
+    def observe(self, step, accept_lens, latency_ms, *rest) -> None:
         _busy(self.observe_s)
         self.observed_ms.append(latency_ms)
-        self.inner.observe(decision, accepted, latency_ms, *rest)
+        self.inner.observe(step, accept_lens, latency_ms, *rest)
 
 
 class _HostClock:
@@ -446,7 +446,7 @@ def test_policies_run_in_inference_mode_and_serve_as_outside_it(policy, monkeypa
     # what the policy keeps across calls was built in that mode.
     import contextlib
 
-    from sgl_adaspec.sim import policies as sim_policies
+    from sgl_adaspec.speculative import driver
 
     workload = _workload("h100-llama8b", 40.0, 60)
     latency = get_preset("h100-llama8b")
@@ -458,7 +458,7 @@ def test_policies_run_in_inference_mode_and_serve_as_outside_it(policy, monkeypa
         return result, adapter.policy
 
     in_mode, kept = serve()
-    monkeypatch.setattr(sim_policies, "policy_calls", contextlib.nullcontext)
+    monkeypatch.setattr(driver, "policy_calls", contextlib.nullcontext)
     outside, plain_kept = serve()
     assert in_mode.iterations == outside.iterations > 0
     assert in_mode.accepted_drafts == outside.accepted_drafts > 0

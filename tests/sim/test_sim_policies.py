@@ -7,7 +7,7 @@ import torch
 
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.sim.acceptance import SYNTHETIC_DEFAULT
-from sgl_adaspec.sim.policies import AdaptiveSteps, Decision, make_policy
+from sgl_adaspec.sim.policies import AdaptiveSteps, SimStep, make_policy
 from sgl_adaspec.sim.trees import draft_trees
 
 
@@ -50,8 +50,8 @@ def test_adaserve_keeps_the_budget_and_serves_the_late_request_first():
 
 def _feed(policy: AdaptiveSteps, num_requests: int, accepted: int, batches: int) -> None:
     for _ in range(batches):
-        decision = Decision((), None, None, np.ones(num_requests, dtype=np.int64))
-        policy.observe(decision, np.full(num_requests, accepted), 10.0, 5.0)
+        step = SimStep((), None, None, np.ones(num_requests, dtype=np.int64))
+        policy.observe(step, np.full(num_requests, accepted + 1), 10.0, 5.0)  # bonus included
 
 
 def test_adaptive_steps_follow_the_accept_length():
@@ -62,6 +62,9 @@ def test_adaptive_steps_follow_the_accept_length():
     _feed(policy, 1, accepted=0, batches=60)
     assert policy.tier(1).steps == 1
     # A large batch runs without speculation in SGLang's default tiers.
-    assert make_policy("sglang-adaptive", 64, 30.0).decide(
-        _slo([40.0] * 70, [0.0] * 70, [0] * 70), _drafter(70)
-    ).trees is None
+    assert (
+        make_policy("sglang-adaptive", 64, 30.0)
+        .decide(_slo([40.0] * 70, [0.0] * 70, [0] * 70), _drafter(70))
+        .trees
+        is None
+    )

@@ -24,7 +24,7 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from sgl_adaspec.platform.cpu.graph_emulation import sealed
-from sgl_adaspec.speculative.sglang.iteration import current_iteration
+from sgl_adaspec.platform.cpu.verify_layout import verify_layout
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -131,8 +131,8 @@ class TorchTreeAttnBackend(GraphMetadataFree, TorchNativeAttnBackend):
         q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         out = q.new_empty((q_.shape[0], layer.tp_q_head_num, layer.v_head_dim))
         # Ragged verify (speculative/sglang/hooks.py): request b verifies only nodes[b], packed.
-        scope = current_iteration()
-        nodes = scope.verify_nodes if scope is not None else None
+        layout = verify_layout()
+        nodes = layout.nodes if layout is not None else None
         if ntok == 1 and nodes is None:  # SGLang's steps-0 iteration: a plain decode
             return self._forward_one_token(q_, out, layer, forward_batch, seq_lens)
         custom_mask = self._graph_tree_mask if sealed() else spec_info.custom_mask
@@ -182,16 +182,16 @@ class TorchTreeAttnBackend(GraphMetadataFree, TorchNativeAttnBackend):
     def _slots_follow_prefix(self, forward_batch: ForwardBatch) -> bool:
         """Whether each request's one verify slot is the next in its `req_to_token` row; asked
         once per iteration where one is in progress (the layers share the batch)."""
-        scope = current_iteration()
-        if scope is not None and scope.one_token_slots_in_row is not None:
-            return scope.one_token_slots_in_row
+        layout = verify_layout()
+        if layout is not None and layout.one_token_slots_in_row is not None:
+            return layout.one_token_slots_in_row
         bs = forward_batch.req_pool_indices.shape[0]
         rows = self.req_to_token_pool.req_to_token[
             forward_batch.req_pool_indices, forward_batch.seq_lens[:bs].long()
         ]
         in_row = bool(torch.equal(rows.long(), forward_batch.out_cache_loc[:bs].long()))
-        if scope is not None:
-            scope.one_token_slots_in_row = in_row
+        if layout is not None:
+            layout.one_token_slots_in_row = in_row
         return in_row
 
     def _tree_masks(self, custom_mask: torch.Tensor, seq_lens: list[int], ntok: int):

@@ -17,9 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from sgl_adaspec.speculative.policies.base import policy_calls
 from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs
-from sgl_adaspec.speculative.sglang.runtime import current_policy, runtime
+from sgl_adaspec.speculative.sglang.runtime import runtime
 
 BLIND_ATTR = "_adaspec_draft_blind"
 
@@ -30,19 +29,19 @@ def draft_extend_for_prefill(
     """AROUND `EagleDraftWorker._draft_extend_for_prefill`: skipped where the policy asks
     (rank 0 decides for its TP group). Prefills whose verify reads the draft's distribution
     (rejection sampling) always run it."""
-    policy = current_policy()
-    if policy is None or batch.forward_mode.is_idle() or needs_draft_probs(batch.sampling_info):
+    state = runtime()
+    driver = state.driver if state is not None else None
+    if driver is None or batch.forward_mode.is_idle() or needs_draft_probs(batch.sampling_info):
         return original(draft_worker, batch, target_hidden_states, next_token_ids, *args, **kwargs)
-    sync = runtime().tp_sync
-    with policy_calls():
-        skip = not policy.draft_prefills(len(batch.reqs)) if sync.leads else None
+    sync = state.tp_sync
+    skip = not driver.draft_prefills(len(batch.reqs)) if sync.leads else None
     blind = sync.value(skip)
     if not blind:
         return original(draft_worker, batch, target_hidden_states, next_token_ids, *args, **kwargs)
     for req in batch.reqs:
         setattr(req, BLIND_ATTR, True)
     if sync.leads:
-        policy.stats.blind_prefills += len(batch.reqs)
+        driver.policy.stats.blind_prefills += len(batch.reqs)
     return _stub_draft_input(draft_worker, len(batch.reqs), next_token_ids)
 
 

@@ -144,7 +144,8 @@ def _exit_rows(model, run: ExitRun, hidden, positions, forward_batch):
     scope = current_iteration()
     survivors = run.row_node[keep]
     survivor_request = run.row_request[keep]
-    scope.verify_nodes = [survivors[survivor_request == b] for b in range(len(scope.verify_nodes))]
+    layout = scope.layout
+    layout.nodes = [survivors[survivor_request == b] for b in range(len(layout.nodes))]
     hidden = residual_batch.import_replay_handoff(handoff, forward_batch)
     run.test_ms = 1000 * (time.perf_counter() - start)
     return hidden, positions[keep]

@@ -23,33 +23,25 @@ from collections.abc import Callable
 
 import torch
 
-from sgl_adaspec.speculative.policies.base import (
-    IterationInput,
-    Outcome,
-    PolicyBase,
-    make_outcome,
-    policy_calls,
-)
+from sgl_adaspec.speculative.driver import DraftPlan, IterationDriver, VerifyResult
+from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase, policy_calls
 from sgl_adaspec.speculative.sglang import request_state
 from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
-from sgl_adaspec.speculative.sglang.blind_prefill import draft_blind, draft_extend_for_prefill
+from sgl_adaspec.speculative.sglang.blind_prefill import draft_blind
 from sgl_adaspec.speculative.sglang.draft_outputs import (
     DraftOutputs,
     collect_path_prob,
     hand_path_prob,
 )
 from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs, run_draft
-from sgl_adaspec.speculative.sglang.early_exit import exit_run, llama_model_forward, plan_exit_run
+from sgl_adaspec.speculative.sglang.early_exit import exit_run, plan_exit_run
 from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration, iteration_scope
 from sgl_adaspec.speculative.sglang.deferred_topk import fill_topk
 from sgl_adaspec.speculative.sglang.plain_decode import one_node_verify, plain_decode, warm_shape
 from sgl_adaspec.speculative.sglang.runtime import (
-    add_internal_state,
     current_policy,
-    internal_states_with_total,
     report_to_dispatcher,
     runtime,
-    scheduler_started,
     warn_once,
 )
 from sgl_adaspec.speculative.host_reads import unmarked
@@ -69,14 +61,15 @@ logger = logging.getLogger(__name__)
 
 
 def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs):
-    """AROUND `EAGLEWorkerV2.forward_batch_generation`: one iteration scope, timed, and the
-    policy's one `observe` of its outcome. A draft depth of 0 runs the iteration as a plain
-    decode through SGLang's own steps-0 path (`plain_decode`), warm or cold as the policy
-    asks."""
-    policy = current_policy()
-    if policy is None:
+    """AROUND `EAGLEWorkerV2.forward_batch_generation`: one iteration scope, timed, planned and
+    observed once through the runtime's `IterationDriver`. A draft depth of 0 runs the
+    iteration as a plain decode through SGLang's own steps-0 path (`plain_decode`), warm or
+    cold as the policy asks."""
+    state = runtime()
+    driver = state.driver if state is not None else None
+    if driver is None:
         return original(worker, batch, *args, **kwargs)
-    clock = runtime().clock
+    clock = state.clock
     if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
         clock.interrupt()
         return original(worker, batch, *args, **kwargs)
@@ -84,68 +77,66 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         clock.last_decode_end_s = None
         with iteration_scope():
             return original(worker, batch, *args, **kwargs)
-    num_requests = len(batch.reqs)
-    sync, tiers = runtime().tp_sync, runtime().tiers
     configured = (worker.speculative_num_steps, worker.topk)
     after_prefill = clock.last_decode_end_s is None
     forward_start = clock.now()
     start = clock.cycle_start(forward_start)
     stall_ms = clock.stall_ms(frozenset(req.rid for req in batch.reqs), forward_start)
     with iteration_scope() as scope:
-        if sync.leads:
-            # slo_batch attaches the SLO clock of requests decoding for the first time.
-            with policy_calls():
-                scope.slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
-                shape = policy.draft_shape(num_requests, *configured, scope.slo)
-                # A plain iteration keeps the draft's state where the policy asks and the
-                # steps-0 tier was built (`plain_decode`).
-                warm = (
-                    shape[0] == 0 and warm_shape(tiers) is not None and policy.keep_draft_warm()
-                )
-            if shape[0] > 0:
-                shape = _tier_of(tiers, shape, batch) or configured
-        depth, width, warm = sync.value((*shape, warm) if sync.leads else None)
-        scope.draft_shape = (depth, width)
-        scope.plain = depth == 0
-        if scope.plain:
-            with plain_decode(worker, tiers if warm else None, runtime().deferred_topk):
+        plan = scope.plan = _plan(driver, state, batch, configured)
+        if plan.plain:
+            with plain_decode(worker, state.tiers if plan.keep_warm else None, state.deferred_topk):
                 verify_start = clock.now()
                 result = original(worker, batch, *args, **kwargs)
                 scope.verify_ms = 1000 * (clock.now() - verify_start)
                 scope.accepted = result.accept_lens
         else:
-            scope.draft_ran = (depth, width)
             tier = contextlib.nullcontext()
-            if (depth, width) != configured:
-                tier = in_tier(worker, tiers, (depth, width), batch.spec_info)
+            if (plan.depth, plan.width) != configured:
+                tier = in_tier(worker, state.tiers, (plan.depth, plan.width), batch.spec_info)
             with tier:
                 result = original(worker, batch, *args, **kwargs)
     end = clock.now()
     clock.last_decode_end_s = end
-    if not sync.leads:
+    if not state.tp_sync.leads:
         return result  # rank 0 observes for the group
-    request_state.record_committed(batch.reqs, 1 if scope.plain else result.accept_lens)
-    iteration_ms = 1000 * (end - start)
-    if scope.plain:
-        policy.stats.observe_plain(num_requests, warm)
-    elif scope.draft_ran is not None:
-        depth, width = scope.draft_ran
-        rows = (depth - 1) * num_requests * width
+    policy = driver.policy
+    request_state.record_committed(batch.reqs, 1 if plan.plain else result.accept_lens)
+    if not plan.plain:
+        rows = (plan.depth - 1) * len(batch.reqs) * plan.width
         policy.stats.observe_draft(
-            depth, width, rows, replayed=not scope.draft_forward_ran,
+            plan.depth, plan.width, rows, replayed=not scope.draft_forward_ran,
             decided=scope.decision is not None, ragged=scope.ragged_verify,
             extend_replayed=scope.extend_replayed, verify_replayed=scope.verify_replayed,
         )  # fmt: skip
     if scope.verify_ms is not None:
-        warm_up = scope.decision is not None and not clock.speculated
-        clock.speculated = clock.speculated or warm_up
-        with policy_calls():
-            outcome = _outcome(batch, scope, iteration_ms, after_prefill, warm, stall_ms, warm_up)
-            policy.observe(outcome)
-        if runtime().decision_log is not None:
-            runtime().decision_log.write(outcome, policy.account())
+        iteration_ms = 1000 * (end - start)
+        result_read = _verify_result(batch, scope, iteration_ms, after_prefill, stall_ms)
+        outcome = driver.observe(plan, result_read, scope.policy_input, scope.decision)
+        if state.decision_log is not None:
+            state.decision_log.write(outcome, policy.account())
     report_to_dispatcher(policy)
     return result
+
+
+def _plan(driver: IterationDriver, state, batch, configured: tuple[int, int]) -> DraftPlan:
+    """The draft this iteration runs, as every TP rank gets it: rank 0's plan, in the built
+    tier that covers it (the configured search without tiers), warm only where the steps-0
+    tier was built (`plain_decode`)."""
+    sync, tiers = state.tp_sync, state.tiers
+    slo = shape = None
+    if sync.leads:
+        policy = driver.policy
+        # slo_batch attaches the SLO clock of requests decoding for the first time.
+        with policy_calls():
+            slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
+        plan = driver.plan(len(batch.reqs), configured, slo)
+        shape = (plan.depth, plan.width)
+        if not plan.plain:
+            shape = _tier_of(tiers, shape, batch) or configured
+        shape = (*shape, plan.keep_warm and warm_shape(tiers) is not None)
+    depth, width, warm = sync.value(shape)
+    return DraftPlan(depth, width, warm, slo)
 
 
 def _tier_of(tiers: TierStates | None, shape: tuple[int, int], batch) -> tuple[int, int] | None:
@@ -156,33 +147,22 @@ def _tier_of(tiers: TierStates | None, shape: tuple[int, int], batch) -> tuple[i
     return tiers.covering(shape)
 
 
-def _outcome(
-    batch,
-    scope: Iteration,
-    iteration_ms: float,
-    after_prefill: bool,
-    draft_kept: bool,
-    stall_ms: float,
-    warm_up: bool,
-) -> Outcome:
+def _verify_result(
+    batch, scope: Iteration, iteration_ms: float, after_prefill: bool, stall_ms: float
+) -> VerifyResult:
     reqs = batch.reqs
-    context_tokens = sum(len(req.origin_input_ids) + len(req.output_ids) for req in reqs)
-    return make_outcome(
-        scope.policy_input,
-        scope.decision,
-        rids=tuple(req.rid for req in reqs),
-        context_tokens=context_tokens,
-        accepted=None if scope.accepted is None else scope.accepted.detach().cpu().long(),
+    return VerifyResult(
+        accept_lens=None if scope.accepted is None else scope.accepted.detach().cpu().long(),
         verify_ms=scope.verify_ms,
         iteration_ms=iteration_ms,
-        early_exit=scope.early_exit_counts,
+        rids=tuple(req.rid for req in reqs),
+        context_tokens=sum(len(req.origin_input_ids) + len(req.output_ids) for req in reqs),
         deepest_accepted=scope.deepest_accepted,
+        early_exit=scope.early_exit_counts,
         after_prefill=after_prefill,
-        draft_kept=draft_kept,
         stall_ms=stall_ms,
-        warm_up=warm_up,
         # The CPU attention asked where the one-node verify's slots lie: it ran that path.
-        verify_as_decode=scope.one_token_slots_in_row is not None,
+        verify_as_decode=scope.layout.one_token_slots_in_row is not None,
     )
 
 
@@ -265,13 +245,14 @@ def organize_draft_results(original: Callable, score_list, token_list, parents_l
 def verify(original: Callable, worker, batch, *args, **kwargs):
     """AROUND `EAGLEWorkerV2.verify`: decide, prune the tree, verify; the outcome goes to the
     iteration scope (observed once by `forward_batch_generation`)."""
-    policy = current_policy()
+    state = runtime()
+    driver = state.driver if state is not None else None
     scope = current_iteration()
     if scope is not None and scope.plain and batch.spec_info.draft_token_num == 1:
         with one_node_verify(worker):
             return original(worker, batch, *args, **kwargs)
     if (
-        policy is None
+        driver is None
         or scope is None
         or scope.plain
         or scope.path_prob is None
@@ -284,11 +265,11 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         # The draft tree's parent links, walked once: the candidates, the pruning and the early
         # exit all read them (pruning only unlinks nodes, so kept nodes keep these parents).
         scope.parents = verify_tree_parents(tree)
-        sync = runtime().tp_sync
+        sync = state.tp_sync
         shape = (len(batch.reqs), verify_input.draft_token_num)
         it = decision = keep = None
         if sync.leads:
-            it, decision = _decide(worker, batch, policy, scope, tree)
+            it, decision = _decide(batch, driver, scope, tree)
             keep = torch.ones(shape, dtype=torch.bool, device=tree.path_prob.device)
             if decision is not None:
                 keep[:, 1:] = decision.selection.mask
@@ -296,13 +277,13 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         if decision is not None or not sync.leads:
             prune_tree(tree, keep, scope.parents)
     if reads is not None:
-        policy.stats.observe_host_reads(reads.count, reads.sites)
+        driver.policy.stats.observe_host_reads(reads.count, reads.sites)
         # The marks stay in the window: what SGLang's verify receives is plain.
         keep, scope.parents = unmarked(keep), unmarked(scope.parents)
     if decision is None and sync.leads:  # the full tree, as every rank got it
         return original(worker, batch, *args, **kwargs)
     scope.policy_input, scope.decision, scope.keep = it, decision, keep
-    clock = runtime().clock
+    clock = state.clock
     start = clock.now()
     result = original(worker, batch, *args, **kwargs)
     scope.verify_ms = 1000 * (clock.now() - start)
@@ -318,13 +299,12 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     return result
 
 
-def _decide(worker, batch, policy: PolicyBase, scope: Iteration, tree: DraftTree):
+def _decide(batch, driver: IterationDriver, scope: Iteration, tree: DraftTree):
     """The policy's input and decision, or (None, None) if the policy raised: the full tree is
     then verified, because the policy must never take the server down."""
     try:
-        it = iteration_input(worker, batch, policy, scope, tree)
-        with policy_calls():
-            decision = policy.decide(it)
+        it = iteration_input(batch, driver.policy, scope, tree)
+        decision = driver.decide(it)
         for req, hopeless in zip(batch.reqs, decision.infeasible.tolist()):
             req._adaspec_state.infeasible |= hopeless
     except Exception as exc:
@@ -333,30 +313,25 @@ def _decide(worker, batch, policy: PolicyBase, scope: Iteration, tree: DraftTree
     return it, decision
 
 
-def iteration_input(
-    worker, batch, policy: PolicyBase, scope: Iteration, tree: DraftTree
-) -> IterationInput:
-    """What the policy sees of this iteration (see `IterationInput`)."""
+def iteration_input(batch, policy: PolicyBase, scope: Iteration, tree: DraftTree) -> IterationInput:
+    """What the policy sees of this iteration (see `IterationInput`): the candidates of the
+    draft the iteration's plan ran, and the SLO state it was planned for."""
     reqs = batch.reqs
     cands = candidates_from_verify_input(tree, scope.parents)
     blind = draft_blind(reqs)  # [B] bool, host
     if bool(blind.any()):  # the draft never read their prompts: nothing of theirs pays
         blind = blind.to(cands.path_prob.device, non_blocking=True).unsqueeze(1)
         cands = cands.with_path_prob(cands.path_prob.masked_fill(blind, 0.0))
-    depth, width = scope.draft_ran or (worker.speculative_num_steps, worker.topk)
+    plan = scope.plan
     return IterationInput(
         cands=cands,
-        slo=(
-            scope.slo
-            if scope.slo is not None
-            else request_state.slo_batch(reqs, policy, policy.baseline_tpot_ms())
-        ),
+        slo=plan.slo,
         rids=tuple(req.rid for req in reqs),
         context_lens=torch.tensor(
             [len(req.origin_input_ids) + len(req.output_ids) for req in reqs], dtype=torch.long
         ),
-        draft_steps=depth,
-        draft_topk=width,
+        draft_steps=plan.depth,
+        draft_topk=plan.width,
         history=(
             tuple(list(req.origin_input_ids) + list(req.output_ids) for req in reqs)
             if policy.needs_history
@@ -399,7 +374,7 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
     }
     for name, value in full.items():
         setattr(forward_batch, name, value[rows])
-    scope.verify_nodes = [row.nonzero().squeeze(1) for row in keep]
+    scope.layout.nodes = [row.nonzero().squeeze(1) for row in keep]
     scope.ragged_verify = True
     try:
         with exit_run(run):
@@ -407,7 +382,7 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
     finally:
         for name, value in full.items():
             setattr(forward_batch, name, value)
-        scope.verify_nodes = None
+        scope.layout.nodes = None
     if run is not None and run.exited is not None:
         scope.early_exit_counts = (run.tested, int(run.exited.sum()), run.test_ms)
         if bool(run.exited.any()):
@@ -429,5 +404,3 @@ def _backend_runs_ragged_verify(worker) -> bool:
     from sgl_adaspec.platform.cpu.attention import TorchTreeAttnBackend
 
     return isinstance(worker.model_runner.attn_backend, TorchTreeAttnBackend)
-
-

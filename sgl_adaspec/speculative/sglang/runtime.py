@@ -12,6 +12,7 @@ from sgl_adaspec.speculative.decision_log import DecisionLog
 from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, knee_budget
 from sgl_adaspec.scheduler.dp_adapter import ReplicaReporter, reporter_of_scheduler
 from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
+from sgl_adaspec.speculative.driver import IterationDriver
 from sgl_adaspec.speculative.policies import build_policy
 from sgl_adaspec.speculative.policies.base import PolicyBase
 from sgl_adaspec.speculative.draft_tiers import tier_shapes
@@ -94,6 +95,8 @@ class Runtime:
     deferred_topk: DeferredTopk = field(default_factory=DeferredTopk)
     # Every decided iteration, one JSON line each (`--spec-decision-log`, TP rank 0 only).
     decision_log: DecisionLog | None = None
+    # What drives the policy through each iteration (None without a policy).
+    driver: IterationDriver | None = None
 
 
 _RUNTIME: Runtime | None = None
@@ -153,7 +156,8 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
 
         log = DecisionLog(config.spec_decision_log, get_parallel().dp_rank or 0)
         logger.info("sgl_adaspec: writing every decided iteration to %s", log.path)
-    return Runtime(config, policy, profile, clock, sync, reporter, tiers, decision_log=log)
+    driver = IterationDriver(policy, clock=clock.now)
+    return Runtime(config, policy, profile, clock, sync, reporter, tiers, log, driver)
 
 
 def build_tiers(
