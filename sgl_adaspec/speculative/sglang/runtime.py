@@ -157,7 +157,9 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
         log = DecisionLog(config.spec_decision_log, get_parallel().dp_rank or 0)
         logger.info("sgl_adaspec: writing every decided iteration to %s", log.path)
     driver = IterationDriver(policy, clock=clock.now)
-    return Runtime(config, policy, profile, clock, sync, reporter, tiers, log, driver)
+    return Runtime(
+        config, policy, profile, clock, sync, reporter, tiers, decision_log=log, driver=driver
+    )
 
 
 def build_tiers(
