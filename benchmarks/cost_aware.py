@@ -172,6 +172,11 @@ def batches_of(url: str, texts: list[str], tokens: int, slos, batches: int):
     return [result for _ in range(batches) for result in run_batch(url, texts, tokens, slos)]
 
 
+def _fixed(value: float | None, digits: int) -> str:
+    """A statistic with `digits` decimals; "-" where the server has none (never speculated)."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def choices(server: Server) -> str:
     """What adaserve chose over the run, from its /server_info statistics."""
     info = requests.get(f"{server.url}/server_info", timeout=30).json()
@@ -182,11 +187,10 @@ def choices(server: Server) -> str:
         f"{stats['plain_iterations']} iterations without speculation "
         f"({stats['warm_plain_iterations']} of them with the draft kept warm), "
         f"{stats['iterations']} speculative (by reason: {speculation_reasons(stats)}; "
-        f"{stats['accepted_tokens_per_verify']:.2f} tokens committed per verify; "
+        f"{_fixed(stats['accepted_tokens_per_verify'], 2)} tokens committed per verify; "
         f"calibrated / observed accepted draft tokens "
-        f"{'-' if calibrated is None else f'{calibrated:.3f}'} decayed, "
-        f"{'-' if settled is None else f'{settled:.3f}'} after warm-up over "
-        f"{stats['settled_accepted_draft_tokens']:.0f} accepted draft tokens); "
+        f"{_fixed(calibrated, 3)} decayed, {_fixed(settled, 3)} after warm-up over "
+        f"{_fixed(stats['settled_accepted_draft_tokens'], 0)} accepted draft tokens); "
         f"last plan {stats['last_plan']}"
     )
 

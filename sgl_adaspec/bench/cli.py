@@ -24,7 +24,7 @@ from pathlib import Path
 import requests
 
 from sgl_adaspec.bench.http_stream import APIS
-from sgl_adaspec.bench.policies import POLICIES, SpecShape
+from sgl_adaspec.bench.policies import LAUNCH_RECIPES, SpecShape
 from sgl_adaspec.bench.replay import SLO_FIELDS
 from sgl_adaspec.bench.report import render, write_json
 from sgl_adaspec.bench.runner import BenchConfig, BenchError, ServerSettings, run_bench
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv = parser.add_argument_group("servers")
     srv.add_argument(
         "--policies", type=_names,
-        help=f"start a server per policy, in this order; from: {', '.join(POLICIES)}",
+        help=f"start a server per policy, in this order; from: {', '.join(LAUNCH_RECIPES)}",
     )  # fmt: skip
     srv.add_argument(
         "--server", action="append", default=[], type=_labelled_url, metavar="LABEL=URL",

@@ -81,13 +81,12 @@ def _plugin_recipe(name: str, summary: str, policy: str, *extra: str) -> PolicyR
     return PolicyRecipe(name, summary, _plugin_policy(policy, *extra), plugin_policy=policy)
 
 
-# The plugin's policies, from the registry (`--spec-policy NAME`); POLICIES adds the bench's
+# The plugin's policies, from the registry (`--spec-policy NAME`); LAUNCH_RECIPES adds the bench's
 # baselines (NO_SPECULATION, "static", "sglang-adaptive") and its variant "adaserve-fcfs".
-PLUGIN_POLICIES = SHAPING_POLICIES
 NO_SPECULATION = "none"
 
 
-POLICIES: dict[str, PolicyRecipe] = {
+LAUNCH_RECIPES: dict[str, PolicyRecipe] = {
     recipe.name: recipe
     for recipe in (
         PolicyRecipe(NO_SPECULATION, "no speculation", _none),
@@ -101,7 +100,7 @@ POLICIES: dict[str, PolicyRecipe] = {
         ),
         *(
             _plugin_recipe(name, f"EAGLE tree, --spec-policy {name}", name)
-            for name in PLUGIN_POLICIES
+            for name in SHAPING_POLICIES
         ),
         _plugin_recipe(
             "adaserve-fcfs",
@@ -116,9 +115,11 @@ POLICIES: dict[str, PolicyRecipe] = {
 
 def get_policy(name: str) -> PolicyRecipe:
     try:
-        return POLICIES[name]
+        return LAUNCH_RECIPES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose from: {', '.join(POLICIES)}") from None
+        raise ValueError(
+            f"unknown policy {name!r}; choose from: {', '.join(LAUNCH_RECIPES)}"
+        ) from None
 
 
 def check_shape(recipe: PolicyRecipe, shape: SpecShape) -> None:

@@ -20,8 +20,8 @@ import requests
 from sgl_adaspec.bench.http_stream import APIS, Api
 from sgl_adaspec.bench.metrics import RequestRecord, RunSummary, summarize
 from sgl_adaspec.bench.policies import (
+    LAUNCH_RECIPES,
     NO_SPECULATION,
-    POLICIES,
     SpecShape,
     check_shape,
     get_policy,
@@ -37,11 +37,10 @@ from sgl_adaspec.bench.server_probe import (
     warm_up,
 )
 from sgl_adaspec.bench.workloads import Workload, WorkloadSpec, build_workload
-from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 from sgl_adaspec.local_server.launch import CPU_FLAGS, Server
+from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 
 RunStatus = Literal["ok", "unavailable", "failed"]
-BASELINE_POLICY = NO_SPECULATION
 
 
 class BenchError(RuntimeError):
@@ -184,7 +183,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
                     raise BenchError(f"no baseline TPOT: the {policy} server: {reason}")
                 runs += [RunResult(policy, policy, rate, status, reason) for rate in rates]
                 continue
-            if baseline is None and policy == BASELINE_POLICY and workload.needs_baseline:
+            if baseline is None and policy == NO_SPECULATION and workload.needs_baseline:
                 baseline = _measure(config, workload, server.url)
             runs += _replay_rates(config, workload, rates, policy, policy, server.url, baseline)
     for label, url in config.external:
@@ -207,18 +206,18 @@ def _baseline_plan(
     config: BenchConfig, workload: Workload, policies: list[str]
 ) -> tuple[float | None, list[str]]:
     """Measure the baseline now, or move the ``none`` policy first to measure it on its server."""
-    if BASELINE_POLICY in policies:
-        return None, [BASELINE_POLICY, *(p for p in policies if p != BASELINE_POLICY)]
+    if NO_SPECULATION in policies:
+        return None, [NO_SPECULATION, *(p for p in policies if p != NO_SPECULATION)]
     if config.baseline_url:
         return _measure(config, workload, config.baseline_url), policies
     if policies:
-        with _started(config, BASELINE_POLICY, None, "baseline") as (server, _, reason):
+        with _started(config, NO_SPECULATION, None, "baseline") as (server, _, reason):
             if server is None:
                 raise BenchError(f"no server without speculation for the baseline: {reason}")
             return _measure(config, workload, server.url), policies
     raise BenchError(
         "SLO classes relative to the baseline TPOT need --baseline-tpot-ms, --baseline-url, or a "
-        f"'{BASELINE_POLICY}' policy to measure it on"
+        f"'{NO_SPECULATION}' policy to measure it on"
     )
 
 
@@ -334,5 +333,5 @@ def _settings(config: BenchConfig) -> dict:
         "spec_shape": vars(config.servers.shape),
         "policies": list(config.policies),
         "external": dict(config.external),
-        "known_policies": list(POLICIES),
+        "known_policies": list(LAUNCH_RECIPES),
     }

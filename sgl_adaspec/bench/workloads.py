@@ -33,7 +33,6 @@ from sgl_adaspec.scheduler.request_slo import CUSTOM_CLASS, RequestSlo, parse_re
 from sgl_adaspec.scheduler.slo_config import SloConfig
 
 
-
 class WorkloadError(ValueError):
     """Workload settings that cannot produce a workload; the message says which."""
 

@@ -85,9 +85,6 @@ class Infeasible(enum.Enum):
     INVALID = "invalid"
 
 
-INVALID = Infeasible.INVALID
-
-
 def select_adaserve(
     cands: Candidates,
     required: torch.Tensor,
@@ -140,9 +137,7 @@ def select_adaserve(
     return _finish(cands, order, slo_counts, draft_budget, rank_weight)
 
 
-def optimal_trees(
-    cands: Candidates, required: torch.Tensor, budget: int
-) -> Selection | Infeasible:
+def optimal_trees(cands: Candidates, required: torch.Tensor, budget: int) -> Selection | Infeasible:
     """AdaServe Algorithm 1 on the given candidate trees: the optimal trees, or INVALID.
 
     Maximizes sum_r E[acc(T_r)] subject to E[acc(T_r)] >= A(r) for every r and
@@ -153,7 +148,7 @@ def optimal_trees(
     """
     num_requests, num_nodes = _check_inputs(cands, required, budget)
     if budget < num_requests:
-        return INVALID
+        return Infeasible.INVALID
     order, sorted_prob = _rank_nodes(cands)
     acc_before = _acc_before(sorted_prob)  # [B, N]
     if num_nodes:
@@ -161,11 +156,11 @@ def optimal_trees(
     else:
         acc_all = torch.ones_like(required)
     if bool((acc_all < required).any()):
-        return INVALID
+        return Infeasible.INVALID
     need = ((acc_before < required[:, None]) & _rank_valid(cands)).sum(dim=1)  # [B]
     draft_budget = budget - num_requests
     if int(need.sum()) > draft_budget:
-        return INVALID
+        return Infeasible.INVALID
     return _finish(cands, order, need, draft_budget)
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.host_reads import HostReadCounter, on_device
 from sgl_adaspec.speculative.selection import (
-    INVALID,
+    Infeasible,
     Selection,
     expected_accepted,
     optimal_trees,
@@ -144,8 +144,10 @@ def brute_force_optimum(cands: Candidates, required, budget: int):
         for size in range(len(nodes) + 1):
             for subset in itertools.combinations(nodes, size):
                 chosen = set(subset)
-                if any(int(cands.parents[b, j]) >= 0 and int(cands.parents[b, j]) not in chosen
-                       for j in subset):
+                if any(
+                    int(cands.parents[b, j]) >= 0 and int(cands.parents[b, j]) not in chosen
+                    for j in subset
+                ):
                     continue  # not a subtree
                 value = 1.0 + sum(float(cands.path_prob[b, j]) for j in subset)
                 if value >= float(required[b]):
@@ -208,10 +210,10 @@ def test_figure5_short_budget_serves_most_behind_first():
 def test_figure5_is_optimal_for_algorithm1():
     cands = make_candidates(FIGURE5)
     trees = optimal_trees(cands, FIGURE5_REQUIRED, budget=8)
-    assert trees is not INVALID
+    assert trees is not Infeasible.INVALID
     assert selected_sets(trees) == [{0, 2, 4}, {0, 1, 2}]
     assert brute_force_optimum(cands, FIGURE5_REQUIRED, 8) == pytest.approx(5.0)
-    assert optimal_trees(cands, FIGURE5_REQUIRED, budget=4) is INVALID
+    assert optimal_trees(cands, FIGURE5_REQUIRED, budget=4) is Infeasible.INVALID
 
 
 # ---------------------------------------------------------------- hand-computed rules
@@ -249,7 +251,7 @@ def test_budget_below_batch_verifies_roots_only():
     selection = select_adaserve(cands, required, budget=1, max_nodes_per_request=4)
     assert not bool(selection.mask.any())
     assert selection.total_tokens == 3
-    assert optimal_trees(cands, required, budget=2) is INVALID
+    assert optimal_trees(cands, required, budget=2) is Infeasible.INVALID
 
 
 def test_equal_parent_child_probability_keeps_closure():
@@ -303,8 +305,13 @@ def test_empty_candidates():
     cands = make_candidates([[], []])
     selection = select_adaserve(cands, torch.tensor([2.0, 0.0], dtype=torch.float64), 5, 3)
     assert selection.mask.shape == (2, 0) and selection.counts.tolist() == [0, 0]
-    assert optimal_trees(cands, torch.tensor([1.0, 0.0], dtype=torch.float64), 2) is not INVALID
-    assert optimal_trees(cands, torch.tensor([2.0, 0.0], dtype=torch.float64), 5) is INVALID
+    assert (
+        optimal_trees(cands, torch.tensor([1.0, 0.0], dtype=torch.float64), 2)
+        is not Infeasible.INVALID
+    )
+    assert (
+        optimal_trees(cands, torch.tensor([2.0, 0.0], dtype=torch.float64), 5) is Infeasible.INVALID
+    )
 
 
 def test_input_checks():
@@ -471,9 +478,9 @@ def check_against_brute_force(cands: Candidates, required: torch.Tensor, budget:
     optimum = brute_force_optimum(cands, required, budget)
     trees = optimal_trees(cands, required, budget)
     if optimum is None:
-        assert trees is INVALID
+        assert trees is Infeasible.INVALID
         return False
-    assert trees is not INVALID
+    assert trees is not Infeasible.INVALID
     assert_closed(cands, trees.mask)
     accepted = expected_accepted(cands, trees.mask)  # [B]
     assert bool((accepted >= required).all())
@@ -492,8 +499,7 @@ def test_optimal_trees_match_brute_force(data):
     draw_int = lambda lo, hi: data.draw(st.integers(lo, hi))  # noqa: E731
     num_requests = draw_int(1, 2)
     cands = build_forest(draw_int, num_requests, draw_int(0, 6))
-    required = torch.tensor([draw_int(0, 32) / 8 for _ in range(num_requests)],
-                            dtype=torch.float64)
+    required = torch.tensor([draw_int(0, 32) / 8 for _ in range(num_requests)], dtype=torch.float64)
     check_against_brute_force(cands, required, draw_int(0, 7))
 
 
@@ -506,8 +512,9 @@ def test_optimal_trees_on_many_seeded_instances():
         cands = build_forest(
             rng.randint, num_requests, rng.randint(0, max_nodes), padding=rng.random() < 0.3
         )
-        required = torch.tensor([rng.randint(0, 24) / 8 for _ in range(num_requests)],
-                                dtype=torch.float64)
+        required = torch.tensor(
+            [rng.randint(0, 24) / 8 for _ in range(num_requests)], dtype=torch.float64
+        )
         outcomes[check_against_brute_force(cands, required, rng.randint(0, 7))] += 1
-    # Both answers occur often: the comparison covers INVALID as well as optimal trees.
+    # Both answers occur often: the comparison covers Infeasible.INVALID as well as optimal trees.
     assert outcomes[True] >= 50 and outcomes[False] >= 50, outcomes
