@@ -17,10 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sgl_adaspec.platform.cpu.interpreter_baseline import CPU_PATH_ENV, INTERPRETER
+from sgl_adaspec.adapters.platform.cpu.interpreter_baseline import CPU_PATH_ENV, INTERPRETER
 from sgl_adaspec.local_server.client import stream_generate
-from sgl_adaspec.models.tiny import ensure_models
 from sgl_adaspec.local_server.launch import CPU_FLAGS, Server, eagle_flags
+from sgl_adaspec.models.tiny import ensure_models
 
 PROMPTS = (
     "def quicksort(items):",

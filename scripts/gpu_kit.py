@@ -113,7 +113,7 @@ CHECK_MODULES = [
     "sglang.srt.layers.attention.triton_backend",
     "sglang.srt.layers.attention.torch_native_backend",
     "sglang.srt.constrained.xgrammar_backend",
-    "sgl_adaspec.plugin",
+    "sgl_adaspec.adapters.plugin",
 ]
 
 

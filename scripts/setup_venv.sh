@@ -21,10 +21,10 @@ pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q --no-warn-
 "${pip[@]}" -r "$repo/requirements-dev.txt"
 "${pip[@]}" --no-deps -e "$repo"
 # SGLang imports torchvision at module level; the real one cannot sit beside the CPU torch.
-# A .pth line installs the placeholder (sgl_adaspec/platform/torchvision_stub.py) at interpreter
+# A .pth line installs the placeholder (sgl_adaspec/adapters/platform/torchvision_stub.py) at interpreter
 # start, before SGLang's spawned children import anything.
 site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-echo "import sgl_adaspec.platform.torchvision_stub as s; s.install()" > "$site/sgl_adaspec_torchvision.pth"
+echo "import sgl_adaspec.adapters.platform.torchvision_stub as s; s.install()" > "$site/sgl_adaspec_torchvision.pth"
 # Fail here, not in a test, if anything pulled a CUDA torch.
 "$venv/bin/python" - <<'PY'
 import torch, sys

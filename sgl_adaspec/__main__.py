@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sgl_adaspec import __version__, cli
+from sgl_adaspec import __version__
+from sgl_adaspec.adapters import cli
 
 
 def main(argv: list[str] | None = None) -> int:

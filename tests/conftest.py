@@ -1,7 +1,7 @@
 """Shared fixtures: the tiny local models (built once into the user cache, deterministic).
 
 Every server and engine a test starts inherits `ADASPEC_STRICT=1`: a plugin fallback raises
-there (`speculative/sglang/fallbacks.py`), so a test that meets one fails. A test that means
+there (`adapters/speculative/fallbacks.py`), so a test that meets one fails. A test that means
 to exercise a fallback sets `ADASPEC_STRICT=0` for its server and asserts the counter."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import os
 
 import pytest
 
+from sgl_adaspec.adapters.speculative.fallbacks import STRICT_ENV
 from sgl_adaspec.models.tiny import TinyModels, ensure_models
-from sgl_adaspec.speculative.sglang.fallbacks import STRICT_ENV
 
 os.environ[STRICT_ENV] = "1"
 

@@ -24,7 +24,7 @@ def launch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def test_entry_point_is_registered_in_sglang_group():
     names = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
-    assert names.get("sgl_adaspec") == "sgl_adaspec.plugin:register"
+    assert names.get("sgl_adaspec") == "sgl_adaspec.adapters.plugin:register"
 
 
 EAGLE_TREE = ("--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "/nonexistent")
@@ -202,7 +202,7 @@ def test_the_plugin_lists_its_flags_itself():
     every flag the launcher accepts from the plugin."""
     import argparse
 
-    from sgl_adaspec import cli
+    from sgl_adaspec.adapters import cli
 
     shown = subprocess.run(
         [sys.executable, "-m", "sgl_adaspec", "--help"], capture_output=True, text=True, timeout=120

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sgl_adaspec import cli
+from sgl_adaspec.adapters import cli
 from sgl_adaspec.config import CONFIG_ENV, AdaspecConfig, ConfigError
 from sgl_adaspec.flags import check_flags, flag, flag_fields, option
 from sgl_adaspec.speculative.policies import POLICIES, PolicySpec, build_policy
@@ -212,7 +212,7 @@ def test_policy_modules_do_not_import_the_plugin_config():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 assert node.module != "sgl_adaspec.config", path
-                assert node.module != "sgl_adaspec.cli", path
+                assert node.module != "sgl_adaspec.adapters.cli", path
 
 
 # ---- a new policy: one config dataclass is all its flags need ----

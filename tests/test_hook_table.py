@@ -1,4 +1,4 @@
-"""The hook table (`sgl_adaspec/hook_table.py`): every entry names a real SGLang function and a
+"""The hook table (`adapters/hook_table.py`): every entry names a real SGLang function and a
 real plugin function, every hook on a function SGLang calls inside a captured region is
 declared there, the guard refuses the others inside one, and docs/architecture.md shows the
 table as the code has it."""
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sgl_adaspec import hook_table
-from sgl_adaspec.hook_table import HOOKS, CaptureSafetyError, Hook, guarded
-from sgl_adaspec.platform.cpu.graph_emulation import _sealed_region
+from sgl_adaspec.adapters import hook_table
+from sgl_adaspec.adapters.hook_table import HOOKS, CaptureSafetyError, Hook, guarded
+from sgl_adaspec.adapters.platform.cpu.graph_emulation import _sealed_region
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 # The callables SGLang captures as graphs on CUDA: the EAGLE draft, and the model forward
@@ -103,17 +103,18 @@ def test_every_hook_inside_a_captured_region_is_declared_capture_safe():
 
 
 def test_the_guard_refuses_an_undeclared_hook_inside_a_captured_region():
-    outside_only = Hook("sglang.x", "sgl_adaspec.hook_table:markdown", "after", "test")
+    outside_only = Hook("sglang.x", "sgl_adaspec.adapters.hook_table:markdown", "after", "test")
     function = guarded(outside_only)
     assert function() == hook_table.markdown()  # outside: runs
     with _sealed_region(), pytest.raises(CaptureSafetyError, match="sglang.x"):
         function()
-    declared = Hook("sglang.x", "sgl_adaspec.hook_table:markdown", "after", "test", captured=True)
+    target = "sgl_adaspec.adapters.hook_table:markdown"
+    declared = Hook("sglang.x", target, "after", "test", captured=True)
     with _sealed_region():
         assert guarded(declared)() == hook_table.markdown()
 
 
 def test_docs_show_the_table_as_the_code_has_it():
     assert hook_table.markdown() in DOCS.read_text(), (
-        "regenerate the table in docs/architecture.md: python -m sgl_adaspec.hook_table"
+        "regenerate the table in docs/architecture.md: python -m sgl_adaspec.adapters.hook_table"
     )

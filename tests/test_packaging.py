@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from wheels import build_wheel
 
-
 # The launch the README shows, parsed as `python -m sglang.launch_server` parses it (plugins
 # first); what the plugin then holds.
 PARSE = """
@@ -52,7 +51,8 @@ def test_the_wheel_holds_the_data_the_plugin_reads_at_run_time(unpacked_wheel):
     assert (data / "data" / "spec_bench_questions.jsonl").is_file()
     assert list((data / "sim" / "data").glob("*.json"))
     dist_info = next(unpacked_wheel.glob("sgl_adaspec-*.dist-info"))
-    assert "sgl_adaspec = sgl_adaspec.plugin:register" in (dist_info / "entry_points.txt").read_text()
+    entry_points = (dist_info / "entry_points.txt").read_text()
+    assert "sgl_adaspec = sgl_adaspec.adapters.plugin:register" in entry_points
     assert "Apache License" in next(dist_info.rglob("LICENSE")).read_text()
     metadata = (dist_info / "METADATA").read_text()
     assert "Provides-Extra: bench" in metadata and "extra == \"bench\"" in metadata
@@ -78,7 +78,7 @@ def test_a_plain_install_launches_with_its_default_slo_classes(unpacked_wheel, t
 
 
 def test_another_sglang_is_refused_naming_both_versions_and_the_opt_out():
-    from sgl_adaspec.plugin import SUPPORTED_SGLANG, check_sglang_version
+    from sgl_adaspec.adapters.plugin import SUPPORTED_SGLANG, check_sglang_version
 
     check_sglang_version(SUPPORTED_SGLANG)
     with pytest.raises(RuntimeError, match="sglang 0.5.24") as info:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from sgl_adaspec.plugin import _check_prompt_ids
+from sgl_adaspec.adapters.plugin import _check_prompt_ids
 
 MANAGER = SimpleNamespace(model_config=SimpleNamespace(vocab_size=10))
 REQUEST = SimpleNamespace(input_embeds=None, image_data=None, video_data=None, audio_data=None)

@@ -26,7 +26,7 @@ def fresh_venv(root: Path) -> Path:
     ).stdout.strip()  # fmt: skip
     deps = sysconfig.get_paths()["purelib"]
     (Path(site) / "project_deps.pth").write_text(
-        f"{deps}\nimport sgl_adaspec.platform.torchvision_stub as s; s.install()\n"
+        f"{deps}\nimport sgl_adaspec.adapters.platform.torchvision_stub as s; s.install()\n"
     )
     return python
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sgl_adaspec.cli import check_policy_shape
+from sgl_adaspec.adapters.cli import check_policy_shape
 from sgl_adaspec.local_server.launch import eagle_flags
 from sgl_adaspec.speculative.policies import SHAPING_POLICIES
 

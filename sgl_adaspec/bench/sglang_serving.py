@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sgl_adaspec.cli import check_policy_shape
+from sgl_adaspec.adapters.cli import check_policy_shape
 from sgl_adaspec.config import ConfigError
 from sgl_adaspec.data import SMOLLM2_EAGLE_DRAFT, SPEC_BENCH_QUESTIONS
 from sgl_adaspec.flags import comma_floats

@@ -1,5 +1,5 @@
 """SLO-aware dispatch across data-parallel replicas (`--slo-dispatch on`): which replica a new
-request goes to. Pure logic; the SGLang adapter is `dp_adapter.py`.
+request goes to. Pure logic; the SGLang adapter is `adapters/dp.py`.
 
 A replica's TPOT grows with the requests it serves. A new request is best placed where its own
 TPOT SLO holds with it added, and where the requests already there keep theirs. The rule scores

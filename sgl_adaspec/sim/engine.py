@@ -16,7 +16,7 @@ overlap scheduling):
   next draft's path probabilities are 0 and it accepts nothing (not after SGLang's own
   adaptive steps 0, which keeps the extend: `SimStep.warm_draft`).
 
-SLO accounting (as the server's `speculative/sglang/`, and as a client and SGLang measure
+SLO accounting (as the server's `adapters/speculative/`, and as a client and SGLang measure
 TPOT): a request's clock starts at its first token, the prefill's; TPOT = (finish - first
 token) / (output tokens - 1). It meets its SLO when TPOT <= its TPOT SLO. Queueing and its own
 prefill count toward TTFT only; a wait for its first decode iteration behind other requests'
@@ -40,7 +40,6 @@ from sgl_adaspec.sim.latency import LatencyModel
 from sgl_adaspec.sim.policies import SimPolicy
 from sgl_adaspec.sim.trees import accept_walk, draft_trees
 from sgl_adaspec.sim.workload import WorkloadArrays
-
 
 # The host's clock the policy's own time is read on (`EngineConfig.policy_time_scale`); tests
 # replace it with a clock they advance.

@@ -1,7 +1,7 @@
 """One speculative iteration as the server and the simulator drive a policy through it: plan the
 draft, decide on its candidates, observe the outcome once.
 
-The SGLang hooks (`speculative/sglang/hooks.py`) and the simulator (`sim/policies.py`) call
+The SGLang hooks (`adapters/speculative/hooks.py`) and the simulator (`sim/policies.py`) call
 these three and nothing else of the policy's iteration: they translate their own values to
 `DraftPlan`, `IterationInput` and `VerifyResult`, and back.
 """

@@ -1,6 +1,6 @@
 """`sglang.Engine` (in-process API) with the plugin: per-request SLOs are accepted and bad ones
 raise an exception naming the field; EAGLE on CPU serves through the same torch path; and
-`sgl_adaspec.engine.Engine` takes the plugin's flags as keywords (a policy chosen in-process).
+`sgl_adaspec.Engine` takes the plugin's flags as keywords (a policy chosen in-process).
 
 The Engine runs in a child interpreter: its shutdown kills every child process of the process
 that created it, which inside pytest would include the other tests' servers."""
@@ -18,7 +18,7 @@ ENGINE_CHECK = textwrap.dedent(
     """
     import sys
     import sglang
-    from sgl_adaspec.engine import Engine
+    from sgl_adaspec import Engine
 
     target, draft, policy = sys.argv[1], sys.argv[2], sys.argv[3]
     engine = (sglang.Engine if policy == "none" else Engine)(
@@ -90,14 +90,14 @@ def test_engine_generate_validates_custom_params(models):
 
 @pytest.mark.slow
 def test_the_plugins_engine_serves_a_policy_chosen_in_process(models):
-    # adaserve through `sgl_adaspec.engine.Engine`, greedy: the same tokens as SGLang's Engine.
+    # adaserve through `sgl_adaspec.Engine`, greedy: the same tokens as SGLang's Engine.
     assert engine_output(models, "adaserve") == engine_output(models, "none")
 
 
 ENGINE_REFUSES = """
 import os, sys
 from sgl_adaspec.config import ConfigError
-from sgl_adaspec.engine import Engine
+from sgl_adaspec import Engine
 target, draft = sys.argv[1], sys.argv[2]
 for kwargs in ({"spec_policy": "fastest"}, {"spec_policy": "adaserve"},
                {"spec_policy": "tetris", "speculative_algorithm": "EAGLE",

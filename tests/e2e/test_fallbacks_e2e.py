@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import requests
 
+from sgl_adaspec.adapters.speculative.fallbacks import FAULT_EVERY_ENV, STRICT_ENV
 from sgl_adaspec.local_server.launch import Server, eagle_flags
-from sgl_adaspec.speculative.sglang.fallbacks import FAULT_EVERY_ENV, STRICT_ENV
 
 from .conftest import metric_values
 from .mixed_batch import concurrent_outputs, run_policy

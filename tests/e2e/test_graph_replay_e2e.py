@@ -1,7 +1,7 @@
 """The draft, its extend and the target's verify under SGLang's graph runners, replayed as CUDA
 replays them (`ADASPEC_EMULATE_GRAPHS=1`: SGLang's runner classes on CPU,
-`platform/cpu/graph_emulation.py`). A replay runs no plugin Python that hands values over, so a
-policy decides on replayed drafts only from what the graph itself writes: these tests fail if
+`adapters/platform/cpu/graph_emulation.py`). A replay runs no plugin Python that hands values
+over, so a policy decides on replayed drafts only from what the graph itself writes: these tests fail if
 the path probabilities travel any other way."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import json
 import pytest
 import requests
 
+from sgl_adaspec.adapters.platform.cpu.graph_emulation import EMULATE_GRAPHS_ENV
 from sgl_adaspec.local_server import client
 from sgl_adaspec.local_server.launch import eagle_flags
-from sgl_adaspec.platform.cpu.graph_emulation import EMULATE_GRAPHS_ENV
 
 from .conftest import start
 from .mixed_batch import PROMPTS, run_policy

@@ -5,7 +5,7 @@ reads (`ADASPEC_COUNT_HOST_READS=1`, `speculative/host_reads.py`)."""
 
 from __future__ import annotations
 
-from sgl_adaspec.speculative.sglang.host_read_count import COUNT_HOST_READS_ENV
+from sgl_adaspec.adapters.speculative.host_read_count import COUNT_HOST_READS_ENV
 
 from .mixed_batch import run_policy
 

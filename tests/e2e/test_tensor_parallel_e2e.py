@@ -1,5 +1,5 @@
 """Every policy under tensor parallelism (`--tp 2` on CPU, real SGLang): rank 0 decides the
-draft shape, the verified nodes and the admission for both ranks (`speculative/sglang/
+draft shape, the verified nodes and the admission for both ranks (`sgl_adaspec/adapters/speculative/
 tp_sync.py`), so greedy outputs of the mixed-SLO batch stay token-identical to one rank
 without speculation, and statistics and metrics are counted once.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_adaspec.speculative.sglang.tp_sync import CLOCK_RATES_ENV
+from sgl_adaspec.adapters.speculative.tp_sync import CLOCK_RATES_ENV
 
 from .conftest import metric_values
 from .mixed_batch import run_policy

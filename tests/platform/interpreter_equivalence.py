@@ -1,4 +1,5 @@
-"""`sgl_adaspec.platform.cpu.ops` vs SGLang's own Triton kernels, run by the Triton interpreter.
+"""`sgl_adaspec.adapters.platform.cpu.ops` vs SGLang's own Triton kernels, run by the Triton
+interpreter.
 
 Every ops function claims to compute exactly what the SGLang kernel it stands in for computes.
 This script checks that claim bit for bit (torch.equal on every output tensor) over many
@@ -42,20 +43,20 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import torch  # noqa: E402
 from sglang.kernels.ops.speculative import cache_locs, eagle  # noqa: E402
+from sglang.kernels.ops.speculative.gather_spec_extras import (  # noqa: E402
+    gather_spec_extras as sgl_gather_spec_extras,
+)
 from sglang.kernels.ops.speculative.spec_tree import (  # noqa: E402
     TreeMaskMode,
     sgl_build_tree_kernel_triton,
     verify_tree_greedy_triton,
-)
-from sglang.kernels.ops.speculative.gather_spec_extras import (  # noqa: E402
-    gather_spec_extras as sgl_gather_spec_extras,
 )
 from sglang.srt.mem_cache import allocation  # noqa: E402
 from sglang.srt.speculative.eagle_utils import organize_draft_results  # noqa: E402
 from sglang.srt.speculative.spec_utils import select_top_k_tokens  # noqa: E402
 from sglang.srt.utils import fast_topk, next_power_of_2  # noqa: E402
 
-from sgl_adaspec.platform.cpu import ops  # noqa: E402
+from sgl_adaspec.adapters.platform.cpu import ops  # noqa: E402
 
 VOCAB = 48
 HIDDEN = 4

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from sgl_adaspec.platform.cpu.attention import TorchTreeAttnBackend
+from sgl_adaspec.adapters.platform.cpu.attention import TorchTreeAttnBackend
 
 HEADS, DIM, SLOTS = 2, 4, 32
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch._dynamo.utils import counters
 
-from sgl_adaspec.platform.cpu.hooks import eager_on_cpu
+from sgl_adaspec.adapters.platform.cpu.hooks import eager_on_cpu
 
 
 def beam_step_args(batch: int, topk: int, hidden: int = 8):

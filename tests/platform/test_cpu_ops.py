@@ -1,4 +1,4 @@
-"""The pure-torch speculative ops (`sgl_adaspec.platform.cpu.ops`).
+"""The pure-torch speculative ops (`sgl_adaspec.adapters.platform.cpu.ops`).
 
 - `test_ops_match_triton_kernels_under_interpreter`: the ops against SGLang's own Triton kernels,
   bit for bit, over seeded random SGLang-produced drafts (`interpreter_equivalence.py`, run in a
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from sgl_adaspec.platform.cpu import ops
 from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
+
+from sgl_adaspec.adapters.platform.cpu import ops
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_adaspec.platform.cpu import ops
+from sgl_adaspec.adapters.platform.cpu import ops
 
 # One request, tree: root(0) -> {1: token 3, 2: token 5}, 1 -> {3: token 2}.
 CANDIDATES = torch.tensor([[7, 3, 5, 2]])

@@ -10,15 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from sgl_adaspec.config import AdaspecConfig
-from sgl_adaspec.scheduler import dp_adapter
-from sgl_adaspec.scheduler.dp_adapter import (
+from sgl_adaspec.adapters import dp as dp_adapter
+from sgl_adaspec.adapters.dp import (
     READ_INTERVAL_S,
     REPORT_INTERVAL_S,
     STATE_DIR_ENV,
     ReplicaReporter,
     SloDispatcher,
 )
+from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.dp_dispatch import ReplicaLoad, choose_replica, margin_ms
 from sgl_adaspec.speculative.policies.base import PolicyBase
 

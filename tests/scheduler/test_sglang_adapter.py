@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from sgl_adaspec.adapters.scheduler import bound_prefill
+from sgl_adaspec.adapters.speculative import runtime as plugin_runtime
+from sgl_adaspec.adapters.speculative.request_state import RequestState
 from sgl_adaspec.config import AdaspecConfig
-from sgl_adaspec.scheduler.request_slo import RequestSlo
-from sgl_adaspec.scheduler.sglang_adapter import bound_prefill
-from sgl_adaspec.speculative.stats import SpecStats
 from sgl_adaspec.scheduler.cost_model import VerifyCostProfile
-from sgl_adaspec.speculative.sglang import runtime as plugin_runtime
-from sgl_adaspec.speculative.sglang.request_state import RequestState
+from sgl_adaspec.scheduler.request_slo import RequestSlo
+from sgl_adaspec.speculative.stats import SpecStats
 
 PROFILE = {"tokens": [8, 64], "latency_ms": [10.0, 38.0]}  # 0.5 ms per extra token
 NOW_S = 1000.0  # the plugin's clock in these tests (`runtime.now_s`)

@@ -1,5 +1,5 @@
 """The iteration driver the server's hooks and the simulator share (`speculative/driver.py`), and
-the hooks' planning through it (`speculative/sglang/hooks.py`, `_plan`)."""
+the hooks' planning through it (`sgl_adaspec/adapters/speculative/hooks.py`, `_plan`)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from sgl_adaspec.adapters.speculative import hooks, request_state
+from sgl_adaspec.adapters.speculative.tp_sync import TpSync
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.sim.policies import ServerPolicy
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.driver import DraftPlan, IterationDriver, VerifyResult
 from sgl_adaspec.speculative.policies.base import PolicyBase
 from sgl_adaspec.speculative.policies.tetris import TetrisPolicy
-from sgl_adaspec.speculative.sglang import hooks, request_state
-from sgl_adaspec.speculative.sglang.tp_sync import TpSync
 from tests.speculative.policy_inputs import iteration_input
 from tests.speculative.test_tp_sync import FakeGroup
 

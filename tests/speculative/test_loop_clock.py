@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl_adaspec.speculative.sglang.runtime import LoopClock
+from sgl_adaspec.adapters.speculative.runtime import LoopClock
 
 
 def test_requests_running_across_a_prefill_waited_for_it():
@@ -35,7 +35,7 @@ def test_a_request_s_slo_clock_starts_at_the_first_token_sglang_stamped():
     not in the future; else the first decode iteration's time (`now`)."""
     from types import SimpleNamespace
 
-    from sgl_adaspec.speculative.sglang.request_state import first_token_s
+    from sgl_adaspec.adapters.speculative.request_state import first_token_s
 
     def req(stamp):
         return SimpleNamespace(time_stats=SimpleNamespace(prefill_finished_time=stamp))
@@ -53,8 +53,8 @@ def test_on_the_overlap_schedule_a_request_s_tokens_are_those_its_iterations_com
     at its first decode iteration, is not counted as decoded)."""
     from types import SimpleNamespace
 
+    from sgl_adaspec.adapters.speculative.request_state import RequestState, record_committed
     from sgl_adaspec.scheduler.request_slo import RequestSlo
-    from sgl_adaspec.speculative.sglang.request_state import RequestState, record_committed
 
     state = RequestState(
         RequestSlo("custom", tpot_slo_ms=50.0), first_token_s=0.0, tokens_at_start=1,

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sgl_adaspec.speculative.sglang.plain_decode import one_node_verify
+from sgl_adaspec.adapters.speculative.plain_decode import one_node_verify
 
 
 def test_one_node_verify_runs_as_a_chain_and_restores_the_tree_width():

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sgl_adaspec.platform.cpu.ops import NO_NODE, sibling_links, tree_parent_nodes
-from sgl_adaspec.speculative.host_reads import HostReadCounter
-from sgl_adaspec.speculative.sglang.tree import (
+from sgl_adaspec.adapters.platform.cpu.ops import NO_NODE, sibling_links, tree_parent_nodes
+from sgl_adaspec.adapters.speculative.tree import (
     candidates_from_verify_input,
     draft_tree,
     prune_tree,
     verify_tree_parents,
 )
+from sgl_adaspec.speculative.host_reads import HostReadCounter
 
 
 def tree_of(parents: torch.Tensor, path_prob: torch.Tensor | None = None, marked=False):

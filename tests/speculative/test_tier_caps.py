@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sgl_adaspec.speculative.sglang import tier_states
+from sgl_adaspec.adapters.speculative import tier_states
 
 SHAPES = ((4, 2), (0, 2), (1, 1), (2, 1), (2, 2), (3, 2))
 

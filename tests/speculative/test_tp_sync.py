@@ -1,4 +1,4 @@
-"""Rank 0 decides under tensor parallelism (`speculative/sglang/tp_sync.py`): what each rank
+"""Rank 0 decides under tensor parallelism (`adapters/speculative/tp_sync.py`): what each rank
 sends and takes, on a fake two-rank group (the real group runs in
 tests/e2e/test_tensor_parallel_e2e.py)."""
 
@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sgl_adaspec.adapters.scheduler import bound_prefill, order_waiting_queue
+from sgl_adaspec.adapters.speculative import runtime as plugin_runtime
+from sgl_adaspec.adapters.speculative.tp_sync import CLOCK_RATES_ENV, TpSync, clock_rate
 from sgl_adaspec.config import AdaspecConfig
-from sgl_adaspec.scheduler.sglang_adapter import bound_prefill, order_waiting_queue
-from sgl_adaspec.speculative.sglang import runtime as plugin_runtime
-from sgl_adaspec.speculative.sglang.tp_sync import CLOCK_RATES_ENV, TpSync, clock_rate
 
 
 class FakeGroup:

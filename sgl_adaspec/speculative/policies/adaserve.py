@@ -1,6 +1,6 @@
 """The adaserve policy: per iteration, which of each request's candidate nodes to verify.
 
-Pure (tensors and dataclasses, no SGLang): the SGLang adapter (`speculative/sglang/`) hands it
+Pure (tensors and dataclasses, no SGLang): the SGLang adapter (`adapters/speculative/`) hands it
 the candidate trees SGLang's EAGLE draft built and the batch's SLO state, and gets a selection.
 
 Two budget rules (`AdaserveConfig.budget_rule`):

@@ -1,4 +1,4 @@
-"""What every speculation policy is to the SGLang adapter (`speculative/sglang/`).
+"""What every speculation policy is to the SGLang adapter (`sgl_adaspec/adapters/speculative/`).
 
 One speculative iteration, as the adapter drives it:
 1. SGLang's EAGLE draft builds each request's candidate tree (`Candidates`) by a beam search
@@ -123,7 +123,7 @@ class Outcome:
     - stall_ms: wall time since the previous decode iteration that requests of both spent
       waiting on other forwards (prefills): part of their TPOT no decode iteration shows;
     - verify_as_decode: the verify pass ran as a plain decode's forward (the CPU attention's
-      unmasked one-node path, `platform/cpu/attention.py`), a path no tree verify takes;
+      unmasked one-node path, `adapters/platform/cpu/attention.py`), a path no tree verify takes;
     - predicted_accepted: the calibration's expected accepted draft tokens of what was
       verified, where the decision computed it (`Decision.predicted_accepted`), else None;
     - warm_up: the server's first speculative iteration. Its time may include one-off set-up

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sgl_adaspec.platform.cpu.graph_emulation import sealed
-from sgl_adaspec.platform.cpu.verify_layout import VerifyLayout, verify_layout_scope
+from sgl_adaspec.adapters.platform.cpu.graph_emulation import sealed
+from sgl_adaspec.adapters.platform.cpu.verify_layout import VerifyLayout, verify_layout_scope
 from sgl_adaspec.speculative.driver import DraftPlan
 from sgl_adaspec.speculative.policies.base import Decision, IterationInput
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_adaspec.platform.cpu.graph_emulation import sealed
+from sgl_adaspec.adapters.platform.cpu.graph_emulation import sealed
 
 
 @dataclass

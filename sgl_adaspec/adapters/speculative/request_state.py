@@ -10,18 +10,18 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_adaspec.scheduler.request_slo import RequestSlo
-from sgl_adaspec.scheduler.sglang_adapter import request_slo
-from sgl_adaspec.scheduler.slo import SloBatch
-from sgl_adaspec.speculative.metrics import VERIFIED_TOKENS_KEY
-from sgl_adaspec.speculative.policies.base import PolicyBase
-from sgl_adaspec.speculative.sglang.blind_prefill import draft_blind
-from sgl_adaspec.speculative.sglang.runtime import (
+from sgl_adaspec.adapters.scheduler import request_slo
+from sgl_adaspec.adapters.speculative.blind_prefill import draft_blind
+from sgl_adaspec.adapters.speculative.runtime import (
     from_perf_counter,
     now_s,
     replica_reporter,
     report_to_dispatcher,
 )
+from sgl_adaspec.scheduler.request_slo import RequestSlo
+from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.metrics import VERIFIED_TOKENS_KEY
+from sgl_adaspec.speculative.policies.base import PolicyBase
 
 
 @dataclass

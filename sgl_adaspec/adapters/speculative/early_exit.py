@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_adaspec.adapters.speculative.fallbacks import Fallback, fell_back
+from sgl_adaspec.adapters.speculative.iteration import Iteration, current_iteration
+from sgl_adaspec.adapters.speculative.runtime import warn_once
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan, exiting_rows, worth_exiting
-from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration
-from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
-from sgl_adaspec.speculative.sglang.runtime import warn_once
 
 logger = logging.getLogger(__name__)
 

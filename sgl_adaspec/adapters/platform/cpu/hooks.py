@@ -93,7 +93,7 @@ def eager_on_cpu(original: Callable, *args, **kwargs):
 
 
 def _verify_tree_greedy(*args, topk: int = -1, **kwargs):
-    from sgl_adaspec.platform.cpu import ops
+    from sgl_adaspec.adapters.platform.cpu import ops
 
     ops.verify_tree_greedy(*args, **kwargs)
     names = ("predicts", "accept_index", "accept_token_num")
@@ -127,7 +127,7 @@ def torch_native_backend_factory(original: Callable) -> Callable:
 
     def create(runner):
         if on_generic_cpu(runner.device):
-            from sgl_adaspec.platform.cpu.attention import TorchTreeAttnBackend
+            from sgl_adaspec.adapters.platform.cpu.attention import TorchTreeAttnBackend
 
             return TorchTreeAttnBackend(runner)
         return original(runner)
@@ -149,7 +149,7 @@ def create_draft_decode_backend(original: Callable, factory):
     """AROUND hook on `DraftBackendFactory.create_decode_backend`."""
     if factory.speculative_num_steps <= 1 or not _draft_backend_is_torch_native(factory, "decode"):
         return original(factory)
-    from sgl_adaspec.platform.cpu.attention import TorchMultiStepDraftBackend
+    from sgl_adaspec.adapters.platform.cpu.attention import TorchMultiStepDraftBackend
 
     return TorchMultiStepDraftBackend(
         factory.draft_model_runner, factory.topk, factory.speculative_num_steps
@@ -163,7 +163,7 @@ def create_draft_extend_backend(original: Callable, factory):
     which = "decode" if get_spec().speculative_attention_mode == "decode" else "prefill"
     if not _draft_backend_is_torch_native(factory, which):
         return original(factory)
-    from sgl_adaspec.platform.cpu.attention import TorchTreeAttnBackend
+    from sgl_adaspec.adapters.platform.cpu.attention import TorchTreeAttnBackend
 
     return TorchTreeAttnBackend(factory.draft_model_runner)
 
@@ -172,7 +172,7 @@ def create_draft_extend_backend(original: Callable, factory):
 def setup() -> None:
     """What the CPU path needs besides its hooks (`hook_table`): the torch_native attention
     factory and the kernels SGLang leaves as None on CPU."""
-    from sgl_adaspec.platform.cpu import ops
+    from sgl_adaspec.adapters.platform.cpu import ops
 
     _register_attention_factory()
     for name in ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob"):
@@ -183,7 +183,7 @@ def _routed(name: str) -> Callable:
     """`route_on_cpu` of `ops.<name>`, importing ops on first use."""
 
     def hook(original, *args, **kwargs):
-        from sgl_adaspec.platform.cpu import ops
+        from sgl_adaspec.adapters.platform.cpu import ops
 
         if on_generic_cpu(_first_tensor(args, kwargs).device):
             return getattr(ops, name)(*args, **kwargs)

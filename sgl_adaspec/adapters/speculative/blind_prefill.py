@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs
-from sgl_adaspec.speculative.sglang.runtime import runtime
+from sgl_adaspec.adapters.speculative.draft_tiers import needs_draft_probs
+from sgl_adaspec.adapters.speculative.runtime import runtime
 
 BLIND_ATTR = "_adaspec_draft_blind"
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from torch.nn.functional import scaled_dot_product_attention
-
 from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from torch.nn.functional import scaled_dot_product_attention
 
-from sgl_adaspec.platform.cpu.graph_emulation import sealed
-from sgl_adaspec.platform.cpu.verify_layout import verify_layout
+from sgl_adaspec.adapters.platform.cpu.graph_emulation import sealed
+from sgl_adaspec.adapters.platform.cpu.verify_layout import verify_layout
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -130,7 +129,7 @@ class TorchTreeAttnBackend(GraphMetadataFree, TorchNativeAttnBackend):
         req_to_token = self.req_to_token_pool.req_to_token
         q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         out = q.new_empty((q_.shape[0], layer.tp_q_head_num, layer.v_head_dim))
-        # Ragged verify (speculative/sglang/hooks.py): request b verifies only nodes[b], packed.
+        # Ragged verify (adapters/speculative/hooks.py): request b verifies only nodes[b], packed.
         layout = verify_layout()
         nodes = layout.nodes if layout is not None else None
         if ntok == 1 and nodes is None:  # SGLang's steps-0 iteration: a plain decode

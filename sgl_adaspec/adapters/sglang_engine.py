@@ -1,6 +1,6 @@
 """`sglang.Engine` (SGLang's in-process API) with the plugin's flags as keyword arguments.
 
-    from sgl_adaspec.engine import Engine
+    from sgl_adaspec import Engine
     engine = Engine(model_path=M, speculative_algorithm="EAGLE", speculative_draft_model_path=D,
                     spec_policy="adaserve", slo_config="classes.yaml")
     engine.generate(prompt, {"max_new_tokens": 64, "custom_params": {"tpot_slo_ms": 40}})
@@ -24,9 +24,9 @@ from types import SimpleNamespace
 
 from sglang.srt.entrypoints.engine import Engine as SglangEngine
 
-from sgl_adaspec import cli
+from sgl_adaspec.adapters import cli
+from sgl_adaspec.adapters.dp import STATE_DIR_ENV
 from sgl_adaspec.config import AdaspecConfig
-from sgl_adaspec.scheduler.dp_adapter import STATE_DIR_ENV
 
 
 class Engine(SglangEngine):

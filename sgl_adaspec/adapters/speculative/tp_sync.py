@@ -10,7 +10,7 @@ pattern of SGLang 0.5.23's `speculative/spec_tp_sync.py` on the same group
 - the draft shape of each iteration (`hooks.forward_batch_generation`);
 - which nodes each request verifies (`hooks.verify`);
 - the admission order of the waiting queue and the prefill token limits
-  (`scheduler.sglang_adapter`).
+  (`adapters.scheduler`).
 Only rank 0 observes outcomes, so statistics and metrics are counted once. Every rank calls
 the same broadcasts in the same order: the branches around them depend only on what all ranks
 share (the batch, the flags), never on a rank's own clock or policy state.

@@ -36,9 +36,9 @@ def register() -> None:
     check_sglang_version()
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sgl_adaspec import hook_table
-    from sgl_adaspec.platform.cpu import hooks as cpu_hooks
-    from sgl_adaspec.platform.cpu import interpreter_baseline
+    from sgl_adaspec.adapters import hook_table
+    from sgl_adaspec.adapters.platform.cpu import hooks as cpu_hooks
+    from sgl_adaspec.adapters.platform.cpu import interpreter_baseline
 
     # The Triton-interpreter baseline runs SGLang's own kernels on CPU: no CPU-path hooks.
     cpu_path = not interpreter_baseline.requested()

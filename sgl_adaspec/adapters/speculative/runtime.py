@@ -7,24 +7,24 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from sgl_adaspec.config import AdaspecConfig
-from sgl_adaspec.speculative.decision_log import DecisionLog
-from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, knee_budget
-from sgl_adaspec.scheduler.dp_adapter import ReplicaReporter, reporter_of_scheduler
-from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
-from sgl_adaspec.speculative.driver import IterationDriver
-from sgl_adaspec.speculative.policies import build_policy
-from sgl_adaspec.speculative.policies.base import PolicyBase
-from sgl_adaspec.speculative.draft_tiers import tier_shapes
-from sgl_adaspec.speculative.sglang import fallbacks
-from sgl_adaspec.speculative.sglang.deferred_topk import DeferredTopk
-from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
-from sgl_adaspec.speculative.sglang.tier_states import (
+from sgl_adaspec.adapters.dp import ReplicaReporter, reporter_of_scheduler
+from sgl_adaspec.adapters.speculative import fallbacks
+from sgl_adaspec.adapters.speculative.deferred_topk import DeferredTopk
+from sgl_adaspec.adapters.speculative.fallbacks import Fallback, fell_back
+from sgl_adaspec.adapters.speculative.tier_states import (
     TierStates,
     build_tier_states,
     graph_counts,
 )
-from sgl_adaspec.speculative.sglang.tp_sync import TpSync, clock_rate, tp_sync_of_scheduler
+from sgl_adaspec.adapters.speculative.tp_sync import TpSync, clock_rate, tp_sync_of_scheduler
+from sgl_adaspec.config import AdaspecConfig
+from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, knee_budget
+from sgl_adaspec.speculative.decision_log import DecisionLog
+from sgl_adaspec.speculative.draft_tiers import tier_shapes
+from sgl_adaspec.speculative.driver import IterationDriver
+from sgl_adaspec.speculative.metrics import PrometheusSink, metrics_enabled
+from sgl_adaspec.speculative.policies import build_policy
+from sgl_adaspec.speculative.policies.base import PolicyBase
 from sgl_adaspec.speculative.stats import replicas_total
 
 logger = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ def build_tiers(
     """The draft tiers this server runs, built on every rank (on CUDA their graph captures are
     collective): steps 0 for a policy that may keep the draft warm in plain iterations, and
     the load-adaptive tiers where `--draft-tiers on` and the device allows (see the flags)."""
-    from sgl_adaspec.platform.cpu.attention import TorchMultiStepDraftBackend
+    from sgl_adaspec.adapters.platform.cpu.attention import TorchMultiStepDraftBackend
 
     steps, topk = worker.speculative_num_steps, worker.topk
     warm_capable = type(policy).keep_draft_warm is not PolicyBase.keep_draft_warm
@@ -282,7 +282,7 @@ def replica_reporter() -> ReplicaReporter | None:
 
 
 def report_to_dispatcher(policy: PolicyBase) -> None:
-    """Rewrite this replica's SLO report if it is due (`dp_adapter.ReplicaReporter`)."""
+    """Rewrite this replica's SLO report if it is due (`adapters.dp.ReplicaReporter`)."""
     reporter = replica_reporter()
     if reporter is None:
         return

@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sgl_adaspec.platform.cpu.graph_emulation import emulated_tier_verify_runner
+from sgl_adaspec.adapters.platform.cpu.graph_emulation import emulated_tier_verify_runner
+from sgl_adaspec.adapters.speculative.fallbacks import Fallback, fell_back
 from sgl_adaspec.speculative.draft_tiers import Shape, covering_tier, tier_draft_tokens
-from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
 
 logger = logging.getLogger(__name__)
 

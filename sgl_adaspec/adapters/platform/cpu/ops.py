@@ -12,7 +12,6 @@ from the draft's beam search; `topk` = beam width, `depth` = draft steps.
 from __future__ import annotations
 
 import torch
-
 from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
 
 NO_NODE = -1

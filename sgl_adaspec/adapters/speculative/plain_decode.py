@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 
-from sgl_adaspec.speculative.sglang.deferred_topk import DeferredTopk, extend_without_lm_head
-from sgl_adaspec.speculative.sglang.tier_states import TierStates, in_tier
+from sgl_adaspec.adapters.speculative.deferred_topk import DeferredTopk, extend_without_lm_head
+from sgl_adaspec.adapters.speculative.tier_states import TierStates, in_tier
 
 
 def warm_shape(tiers: TierStates | None):

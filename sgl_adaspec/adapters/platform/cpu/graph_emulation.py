@@ -216,7 +216,7 @@ def capture_cuda_graphs(original: Callable, draft_worker, *args, **kwargs):
     """AROUND `EagleDraftWorker._capture_cuda_graphs`: with `ADASPEC_EMULATE_GRAPHS=1` on the
     generic CPU path, the draft decode graphs SGLang would capture on CUDA, emulated."""
     result = original(draft_worker, *args, **kwargs)
-    from sgl_adaspec.platform.cpu.hooks import on_generic_cpu
+    from sgl_adaspec.adapters.platform.cpu.hooks import on_generic_cpu
 
     if (
         emulation_on()
@@ -252,7 +252,7 @@ def capture_verify_graphs(_result, model_runner, *args, **kwargs) -> None:
     """AFTER `ModelRunner.init_cuda_graphs`: with `ADASPEC_EMULATE_GRAPHS=1` on the generic CPU
     path, the target's verify graphs SGLang captures on CUDA (`DecodeCudaGraphRunner` in
     TARGET_VERIFY mode, one per captured batch size), emulated."""
-    from sgl_adaspec.platform.cpu.hooks import on_generic_cpu
+    from sgl_adaspec.adapters.platform.cpu.hooks import on_generic_cpu
 
     if not (
         emulation_on()
@@ -269,7 +269,7 @@ def emulated_tier_verify_runner(worker, state):
     """A draft tier's verify graphs, which SGLang captures on CUDA with the tier's runtime state
     (`build_adaptive_runtime_state`), emulated under `ADASPEC_EMULATE_GRAPHS=1` on the generic
     CPU path; None elsewhere."""
-    from sgl_adaspec.platform.cpu.hooks import on_generic_cpu
+    from sgl_adaspec.adapters.platform.cpu.hooks import on_generic_cpu
 
     model_runner = worker._target_worker.model_runner
     if not (emulation_on() and on_generic_cpu(model_runner.device)):

@@ -7,7 +7,8 @@ calls there (`captured=True`) may only add tensor work whose outputs the graph i
 or pass through by a branch fixed at capture. Every other hook is guarded: called inside a
 captured region (the CPU emulation's capture or replay, `graph_emulation.sealed`), it raises
 `CaptureSafetyError`, so a hook that lands in a captured region undeclared fails the emulated
-end-to-end tests. docs/architecture.md shows this table (`python -m sgl_adaspec.hook_table`).
+end-to-end tests. docs/architecture.md shows this table
+(`python -m sgl_adaspec.adapters.hook_table`).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ class Hook:
 
 
 SRT = "sglang.srt"
-SPEC = "sgl_adaspec.speculative.sglang.hooks"
-CPU = "sgl_adaspec.platform.cpu.hooks"
+ADAPTERS = "sgl_adaspec.adapters"
+SPEC = f"{ADAPTERS}.speculative.hooks"
+CPU = f"{ADAPTERS}.platform.cpu.hooks"
 WORKER = f"{SRT}.speculative.eagle_worker_v2.EAGLEWorkerV2"
 DRAFT = f"{SRT}.speculative.eagle_worker_v2.EagleDraftWorker"
 KERNELS = "sglang.kernels.ops.speculative"
@@ -50,45 +52,46 @@ ROUTED = "on CUDA SGLang's own kernel, chosen by the tensors' device (fixed at c
 
 HOOKS: tuple[Hook, ...] = (
     # Start-up and requests: no captured region near them.
-    Hook(f"{SRT}.server_args.ServerArgs.add_cli_args", "sgl_adaspec.cli:add_cli_args", "after",
+    Hook(f"{SRT}.server_args.ServerArgs.add_cli_args", f"{ADAPTERS}.cli:add_cli_args", "after",
          "adds the plugin's flags to SGLang's parser"),
-    Hook(f"{SRT}.server_args.ServerArgs.from_cli_args", "sgl_adaspec.cli:from_cli_args", "around",
+    Hook(f"{SRT}.server_args.ServerArgs.from_cli_args", f"{ADAPTERS}.cli:from_cli_args", "around",
          "checks the plugin's flags, publishes ADASPEC_CONFIG"),
     Hook(f"{SRT}.arg_groups.speculative_hook.handle_speculative_decoding",
-         "sgl_adaspec.cli:check_resolved_draft", "after", "refuses draft shapes it cannot serve"),
+         f"{ADAPTERS}.cli:check_resolved_draft", "after", "refuses draft shapes it cannot serve"),
     Hook(f"{SRT}.sampling.sampling_params.SamplingParams.verify",
-         "sgl_adaspec.plugin:_validate_request_slo", "after", "a bad SLO is the request's 400"),
+         f"{ADAPTERS}.plugin:_validate_request_slo", "after", "a bad SLO is the request's 400"),
     Hook(f"{SRT}.managers.tokenizer_manager.TokenizerManager._validate_one_request",
-         "sgl_adaspec.plugin:_check_prompt_ids", "after", "empty or out-of-vocabulary prompts: 400"),
+         f"{ADAPTERS}.plugin:_check_prompt_ids", "after",
+         "empty or out-of-vocabulary prompts: 400"),
     Hook(f"{SRT}.entrypoints.openai.serving_base.OpenAIServingBase.handle_request",
-         "sgl_adaspec.plugin:_slo_from_openai_metadata", "around",
+         f"{ADAPTERS}.plugin:_slo_from_openai_metadata", "around",
          "SLO from OpenAI metadata or the SLO headers"),
     Hook(f"{SRT}.entrypoints.http_server.serve_generate_request",
-         "sgl_adaspec.plugin:_slo_from_generate_headers", "around", "SLO from the SLO headers"),
+         f"{ADAPTERS}.plugin:_slo_from_generate_headers", "around", "SLO from the SLO headers"),
     Hook(f"{SRT}.layers.rotary_embedding.base.RotaryEmbedding.__init__", f"{CPU}:rope_init",
          "around", "model load: a placeholder for vllm's rotary import on CPU"),
     Hook(f"{SRT}.managers.scheduler.Scheduler.__init__",
-         "sgl_adaspec.speculative.sglang.runtime:scheduler_started", "after",
+         f"{ADAPTERS}.speculative.runtime:scheduler_started", "after",
          "builds the policy, the cost profile and the draft tiers (their graphs captured here)"),
     Hook(f"{SRT}.managers.schedule_batch.Req.update_finish_state",
-         "sgl_adaspec.speculative.sglang.request_state:request_finished", "after",
+         f"{ADAPTERS}.speculative.request_state:request_finished", "after",
          "per-request SLO statistics"),
     Hook(f"{SRT}.managers.scheduler_components.internal_state.SchedulerInternalStateController."
-         "_add_speculative", "sgl_adaspec.speculative.sglang.runtime:add_internal_state", "after",
+         "_add_speculative", f"{ADAPTERS}.speculative.runtime:add_internal_state", "after",
          "/server_info's adaspec state"),
     Hook(f"{SRT}.managers.tokenizer_control_mixin.TokenizerControlMixin.get_internal_state",
-         "sgl_adaspec.speculative.sglang.runtime:internal_states_with_total", "around",
+         f"{ADAPTERS}.speculative.runtime:internal_states_with_total", "around",
          "the replicas' total under --dp"),
     Hook(f"{SRT}.managers.schedule_policy.SchedulePolicy.calc_priority",
-         "sgl_adaspec.scheduler.sglang_adapter:order_waiting_queue", "after", "SLO-aware admission"),
+         f"{ADAPTERS}.scheduler:order_waiting_queue", "after", "SLO-aware admission"),
     Hook(f"{SRT}.managers.scheduler._make_abort_req",
-         "sgl_adaspec.scheduler.sglang_adapter:name_queue_limit", "before", "names the limit hit"),
+         f"{ADAPTERS}.scheduler:name_queue_limit", "before", "names the limit hit"),
     Hook(f"{SRT}.managers.schedule_policy.PrefillAdder.__init__",
-         "sgl_adaspec.scheduler.sglang_adapter:bound_prefill", "before", "SLO-bounded prefill"),
+         f"{ADAPTERS}.scheduler:bound_prefill", "before", "SLO-bounded prefill"),
     Hook(f"{SRT}.managers.data_parallel_controller.DataParallelController.__init__",
-         "sgl_adaspec.scheduler.dp_adapter:controller_started", "after", "SLO-aware DP dispatch"),
+         f"{ADAPTERS}.dp:controller_started", "after", "SLO-aware DP dispatch"),
     Hook(f"{SRT}.managers.data_parallel_controller.DataParallelController.event_loop",
-         "sgl_adaspec.scheduler.dp_adapter:controller_event_loop", "around", "SLO-aware dispatch"),
+         f"{ADAPTERS}.dp:controller_event_loop", "around", "SLO-aware dispatch"),
     # One speculative iteration, outside every captured region: the driver, the decision and
     # the tier switch (a decision reaches a graph only as its inputs: which tier's graphs run,
     # the tree pruned before the verify).
@@ -109,7 +112,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{DRAFT}._draft_extend_for_decode", f"{SPEC}:draft_extend_for_decode", "around",
          "sets the extend's width before its graph runs (an input)"),
     Hook(f"{DRAFT}._draft_extend_for_prefill",
-         "sgl_adaspec.speculative.sglang.blind_prefill:draft_extend_for_prefill", "around",
+         f"{ADAPTERS}.speculative.blind_prefill:draft_extend_for_prefill", "around",
          "skips the draft's prefill where the policy asked"),
     # Inside captured regions.
     Hook(f"{DRAFT}.draft_forward", f"{SPEC}:draft_forward", "around",
@@ -121,7 +124,7 @@ HOOKS: tuple[Hook, ...] = (
          "gathers the kept nodes' path probabilities (tensor work) for draft_forward's outputs",
          captured=True),
     Hook(f"{SRT}.models.llama.LlamaModel.forward",
-         "sgl_adaspec.speculative.sglang.early_exit:llama_model_forward", "around",
+         f"{ADAPTERS}.speculative.early_exit:llama_model_forward", "around",
          "passes through unless the eager ragged verify of the torch backend set an exit run",
          captured=True),
     # The CPU path: torch versions of SGLang's CUDA/Triton-only pieces, inert on CUDA.
@@ -158,15 +161,15 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{SRT}.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend",
          f"{CPU}:create_draft_extend_backend", "around", "the torch extend attention on CPU",
          cpu_path=True),
-    Hook(f"{DRAFT}._capture_cuda_graphs", "sgl_adaspec.platform.cpu.graph_emulation:"
+    Hook(f"{DRAFT}._capture_cuda_graphs", "sgl_adaspec.adapters.platform.cpu.graph_emulation:"
          "capture_cuda_graphs", "around",
          "ADASPEC_EMULATE_GRAPHS=1: SGLang's draft graph runner on CPU, emulated", cpu_path=True),
     Hook(f"{SRT}.model_executor.model_runner.ModelRunner.init_cuda_graphs",
-         "sgl_adaspec.platform.cpu.graph_emulation:capture_verify_graphs", "after",
+         f"{ADAPTERS}.platform.cpu.graph_emulation:capture_verify_graphs", "after",
          "ADASPEC_EMULATE_GRAPHS=1: SGLang's target verify graph runner on CPU, emulated",
          cpu_path=True),
     Hook(f"{SRT}.model_executor.forward_batch_info.ForwardMode.is_cpu_graph",
-         "sgl_adaspec.platform.cpu.graph_emulation:target_verify_replays", "around",
+         f"{ADAPTERS}.platform.cpu.graph_emulation:target_verify_replays", "around",
          "ADASPEC_EMULATE_GRAPHS=1: the verify runs as its graph's replay; a branch on the "
          "forward mode and an environment flag, both fixed at capture", captured=True,
          cpu_path=True),
@@ -179,14 +182,14 @@ def guarded(hook: Hook) -> Callable:
     function = hook.function()
     if hook.captured or inspect.iscoroutinefunction(function):
         return function
-    from sgl_adaspec.platform.cpu.graph_emulation import sealed
+    from sgl_adaspec.adapters.platform.cpu.graph_emulation import sealed
 
     @functools.wraps(function)
     def outside_captured_regions(*args, **kwargs):
         if sealed():
             raise CaptureSafetyError(
                 f"sgl_adaspec: the hook on {hook.target} ran inside a captured region; "
-                "sgl_adaspec/hook_table.py does not declare it capture-safe"
+                "sgl_adaspec/adapters/hook_table.py does not declare it capture-safe"
             )
         return function(*args, **kwargs)
 

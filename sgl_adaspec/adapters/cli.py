@@ -15,9 +15,9 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
+from sgl_adaspec.adapters.dp import prepare_state_dir
 from sgl_adaspec.config import AdaspecConfig, ConfigError
 from sgl_adaspec.flags import add_flags, dest, flag_fields
-from sgl_adaspec.scheduler.dp_adapter import prepare_state_dir
 from sgl_adaspec.speculative.policies import POLICIES, TREE_ALGORITHMS, get_policy_spec
 
 EXIT_BAD_FLAGS = 2

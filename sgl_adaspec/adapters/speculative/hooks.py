@@ -23,39 +23,39 @@ from collections.abc import Callable
 
 import torch
 
-from sgl_adaspec.speculative.driver import DraftPlan, IterationDriver, VerifyResult
-from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase, policy_calls
-from sgl_adaspec.speculative.sglang import request_state
-from sgl_adaspec.speculative.sglang.fallbacks import Fallback, fell_back
-from sgl_adaspec.speculative.sglang.blind_prefill import draft_blind
-from sgl_adaspec.speculative.sglang.draft_outputs import (
+from sgl_adaspec.adapters.speculative import request_state
+from sgl_adaspec.adapters.speculative.blind_prefill import draft_blind
+from sgl_adaspec.adapters.speculative.deferred_topk import fill_topk
+from sgl_adaspec.adapters.speculative.draft_outputs import (
     DraftOutputs,
     collect_path_prob,
     hand_path_prob,
 )
-from sgl_adaspec.speculative.sglang.draft_tiers import needs_draft_probs, run_draft
-from sgl_adaspec.speculative.sglang.early_exit import exit_run, plan_exit_run
-from sgl_adaspec.speculative.sglang.iteration import Iteration, current_iteration, iteration_scope
-from sgl_adaspec.speculative.sglang.deferred_topk import fill_topk
-from sgl_adaspec.speculative.sglang.plain_decode import one_node_verify, plain_decode, warm_shape
-from sgl_adaspec.speculative.sglang.runtime import (
+from sgl_adaspec.adapters.speculative.draft_tiers import needs_draft_probs, run_draft
+from sgl_adaspec.adapters.speculative.early_exit import exit_run, plan_exit_run
+from sgl_adaspec.adapters.speculative.fallbacks import Fallback, fell_back
+from sgl_adaspec.adapters.speculative.host_read_count import counted_host_reads
+from sgl_adaspec.adapters.speculative.iteration import Iteration, current_iteration, iteration_scope
+from sgl_adaspec.adapters.speculative.plain_decode import one_node_verify, plain_decode, warm_shape
+from sgl_adaspec.adapters.speculative.runtime import (
     current_policy,
     report_to_dispatcher,
     runtime,
     warn_once,
 )
-from sgl_adaspec.speculative.host_reads import unmarked
-from sgl_adaspec.speculative.sglang.host_read_count import counted_host_reads
-from sgl_adaspec.speculative.sglang.tree import (
+from sgl_adaspec.adapters.speculative.tier_states import TierStates, extend_width, in_tier
+from sgl_adaspec.adapters.speculative.tree import (
     DraftTree,
     candidates_from_verify_input,
-    draft_tree,
     deepest_accepted,
+    draft_tree,
     prune_tree,
     scatter_rows,
     verify_tree_parents,
 )
-from sgl_adaspec.speculative.sglang.tier_states import TierStates, extend_width, in_tier
+from sgl_adaspec.speculative.driver import DraftPlan, IterationDriver, VerifyResult
+from sgl_adaspec.speculative.host_reads import unmarked
+from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase, policy_calls
 
 logger = logging.getLogger(__name__)
 
@@ -401,6 +401,6 @@ def _replays_verify_graph(worker, forward_batch) -> bool:
 
 
 def _backend_runs_ragged_verify(worker) -> bool:
-    from sgl_adaspec.platform.cpu.attention import TorchTreeAttnBackend
+    from sgl_adaspec.adapters.platform.cpu.attention import TorchTreeAttnBackend
 
     return isinstance(worker.model_runner.attn_backend, TorchTreeAttnBackend)

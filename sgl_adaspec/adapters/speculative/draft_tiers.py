@@ -31,7 +31,7 @@ def needs_draft_probs(sampling_info) -> bool:
 
 def runs_eager(draft_worker, forward_batch) -> bool:
     """Whether this draft runs the plugin's eager beam search (see the module docstring)."""
-    from sgl_adaspec.platform.cpu.attention import TorchMultiStepDraftBackend
+    from sgl_adaspec.adapters.platform.cpu.attention import TorchMultiStepDraftBackend
 
     return (
         not forward_batch.forward_mode.is_idle()

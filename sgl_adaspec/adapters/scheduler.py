@@ -7,7 +7,7 @@ When SLO-aware scheduling is active (`--slo-admission`, on by default for adaser
   `scheduler.prefill_bound.prefill_token_budget` so a long prompt cannot push running requests
   with tight TPOT SLOs off their track (cost per token from the start-up verify profile).
 With it off (e.g. `--spec-policy static`) neither changes anything. Under tensor parallelism
-both are decided on rank 0 and broadcast (`speculative/sglang/tp_sync.py`): they read clocks,
+both are decided on rank 0 and broadcast (`adapters/speculative/tp_sync.py`): they read clocks,
 and every rank must build the same batch.
 """
 
@@ -34,7 +34,7 @@ def order_waiting_queue(_result, schedule_policy, waiting_queue, *args, **kwargs
     config = AdaspecConfig.from_env()
     if not config.slo_admission_active or len(waiting_queue) < 2:
         return
-    from sgl_adaspec.speculative.sglang.runtime import now_s, tp_sync
+    from sgl_adaspec.adapters.speculative.runtime import now_s, tp_sync
 
     sync = tp_sync()
     order = None
@@ -63,7 +63,7 @@ def bound_prefill(*args, **kwargs):
     with tight TPOT SLOs cannot afford a long prefill (see `scheduler/prefill_bound.py`)."""
     if len(args) <= _REM_CHUNK or not AdaspecConfig.from_env().slo_admission_active:
         return None
-    from sgl_adaspec.speculative.sglang.runtime import tp_sync
+    from sgl_adaspec.adapters.speculative.runtime import tp_sync
 
     sync = tp_sync()
     limit = args[_REM_CHUNK] if args[_REM_CHUNK] is not None else args[_REM_INPUT]
@@ -79,7 +79,7 @@ def bound_prefill(*args, **kwargs):
 
 def _prefill_budget(running_batch, limit: int) -> int | None:
     """This iteration's prefill token budget, or None (no running request with an SLO clock)."""
-    from sgl_adaspec.speculative.sglang.runtime import now_s, runtime
+    from sgl_adaspec.adapters.speculative.runtime import now_s, runtime
 
     reqs = getattr(running_batch, "reqs", None) or []
     tracked = [(r, r._adaspec_state) for r in reqs if getattr(r, "_adaspec_state", None)]
