@@ -271,7 +271,7 @@ class ServerPolicy:
     speculates: bool = True
 
     def __post_init__(self) -> None:
-        self.driver = IterationDriver(self.policy, clock=_host_clock)
+        self.driver = IterationDriver(self.policy, clock=_host_clock, first_draft_warms_up=False)
         self._pending: tuple = ()
 
     @property

@@ -69,11 +69,14 @@ class VerifyResult:
 class IterationDriver:
     """Drives one policy through its iterations (`plan`, then `decide` if the plan drafts, then
     `observe`). It keeps what spans iterations on the caller's side of the policy: whether a
-    decided iteration was observed yet (the first is the warm-up: `Outcome.warm_up`) and the
-    host time of the last decision (`critical_s`: what the verify waited on)."""
+    decided iteration was observed yet (on a server the first is the warm-up, `Outcome.warm_up`:
+    `first_draft_warms_up`) and the host time of the last decision (`critical_s`: what the
+    verify waited on)."""
 
     policy: PolicyBase
     clock: Callable[[], float] = time.perf_counter
+    # False in the simulator: its first speculative iteration pays no one-off set-up.
+    first_draft_warms_up: bool = True
     critical_s: float = 0.0
     _decided_observed: bool = field(default=False, repr=False)
 
@@ -112,6 +115,7 @@ class IterationDriver:
             self.policy.stats.observe_plain(len(result.rids), plan.keep_warm)
         warm_up = decision is not None and not self._decided_observed
         self._decided_observed |= warm_up
+        warm_up &= self.first_draft_warms_up
         with policy_calls():
             outcome = make_outcome(
                 it,

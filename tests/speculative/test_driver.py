@@ -113,6 +113,7 @@ def test_the_simulator_drives_server_policies_through_the_driver(monkeypatch):
     assert plain.plain and plain_outcome.accepted.tolist() == [1, 1]
     assert drafted == DraftPlan(2, 1, False, drafted.slo)
     assert outcome.accepted.tolist() == [3, 2] and outcome.context_tokens == 30
+    assert not outcome.warm_up  # a simulated first draft pays no one-off set-up
 
 
 class _ChainDrafter:
