@@ -71,12 +71,17 @@ def test_two_replicas_dispatched_by_slo(models, tmp_path_factory, bigram_pair_re
         assert totals[0]["classes"][slo_class]["finished"] == sum(
             f.get(slo_class, 0) for f in finished
         )
-    # Prometheus: one series per replica (internal_states come in no set order).
-    for slo_class in ("custom", "best_effort"):
+    # Prometheus: one series per replica (internal_states come in no set order); a bare
+    # tpot_slo_ms is labelled by its TPOT bucket (mixed_batch's 5 ms and 5 s).
+    labels = {"custom": ("custom_le_5ms", "custom_gt_2000ms"), "best_effort": ("best_effort",)}
+    for slo_class, names in labels.items():
         series = [
-            metrics.get(
-                f'sglang_adaspec:requests_finished_total{{dp_rank="{rank}",slo_class="{slo_class}"}}',
-                0.0,
+            sum(
+                metrics.get(
+                    f'sglang_adaspec:requests_finished_total{{dp_rank="{rank}",slo_class="{name}"}}',
+                    0.0,
+                )
+                for name in names
             )
             for rank in (0, 1)
         ]
