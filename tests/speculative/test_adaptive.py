@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_adaspec.speculative.adaptive import (
+from sgl_adaspec.speculative.adaserve.knee_shape import (
     AdaptiveTreeConfig,
     beam_width,
     tree_depth,

@@ -15,32 +15,31 @@ from policy_inputs import iteration_input
 
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
-from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
-from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.decision_log import DecisionLog
-from sgl_adaspec.speculative.cost_rule import (
-    ShapeGain,
+from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
+from sgl_adaspec.speculative.adaserve.gain_table import ShapeGain, pooled_gain
+from sgl_adaspec.speculative.adaserve.knee_shape import AdaptiveTreeConfig
+from sgl_adaspec.speculative.adaserve.planner import (
     THROUGHPUT_TIE,
     SloOutlook,
     cost_budget,
-    draft_rows,
     plan_shape,
-    pooled_gain,
     speculation_pays,
 )
-from sgl_adaspec.speculative.latency import VerifyLatency
-from sgl_adaspec.speculative.policies.adaserve import (
+from sgl_adaspec.speculative.adaserve.policy import (
     BLIND_AFTER,
     FIRST_REMEASURE,
     FLOOR_MEASUREMENTS,
     PLAN_REUSE,
     REMEASURE_PLAIN,
     REMEASURE_RUN,
-    AdaserveConfig,
     AdaservePolicy,
     same_batch,
 )
+from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.decision_log import DecisionLog
+from sgl_adaspec.speculative.latency import VerifyLatency
 from sgl_adaspec.speculative.policies.base import MAX_PLAIN_UNFITTED, make_outcome
+from sgl_adaspec.speculative.shapes import draft_rows
 
 
 def linear_ms(fixed: float, per_token: float):

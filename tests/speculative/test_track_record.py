@@ -9,14 +9,15 @@ import pytest
 import torch
 from test_cost_rule import drafted, slo, speculating_policy
 
-from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
-from sgl_adaspec.speculative.policies.base import Outcome, make_outcome
-from sgl_adaspec.speculative.track_record import (
+from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
+from sgl_adaspec.speculative.adaserve.policy import AdaservePolicy
+from sgl_adaspec.speculative.adaserve.track_record import (
     MIN_RECORD,
     PRICE_SPAN,
     PlanTrackRecord,
     PriceRecord,
 )
+from sgl_adaspec.speculative.policies.base import Outcome, make_outcome
 
 
 def test_record_is_neutral_until_it_has_seen_enough():
@@ -200,7 +201,7 @@ def test_from_a_plain_run_the_plan_asks_the_switch_margin_of_the_batch_and_the_r
     """The margins the policy hands its plan: from a plain iteration, the record's edge over
     the switch margin (the batch's to clear) and the record's edge alone (each guarded
     group's); while speculating, the record's edge for both."""
-    from sgl_adaspec.speculative.policies import adaserve
+    from sgl_adaspec.speculative.adaserve import policy as adaserve
 
     asked = []
 

@@ -5,9 +5,9 @@ the candidate trees SGLang's EAGLE draft built and the batch's SLO state, and ge
 
 Two budget rules (`AdaserveConfig.budget_rule`):
 - "cost" (default): sized by what speculation returns on this hardware and draft. Before the
-  draft, `draft_shape` picks (d, w) by an SLO-aware objective (`cost_rule.plan_shape`), no
+  draft, `draft_shape` picks (d, w) by an SLO-aware objective (`planner.plan_shape`), no
   wider than eq. 9's width, or depth 0 (no speculation); after it, B maximizes expected
-  committed tokens per ms (`cost_rule.cost_budget`), and AdaServe's SLO-customized phase
+  committed tokens per ms (`planner.cost_budget`), and AdaServe's SLO-customized phase
   spends it most urgent request first, at most ~1.2 B / n nodes each. Needs are read over an
   iteration's wall time, prefill stalls included (`wall_per_decode`).
 - "knee": the paper's rules, kept for comparison: B at the knee of the start-up verify
@@ -25,31 +25,27 @@ from typing import ClassVar
 
 import torch
 
-from sgl_adaspec.flags import check_flags, flag
 from sgl_adaspec.scheduler.slo import SloBatch, lead_weight, required_tokens
-from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig, beam_width, tree_shape
-from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.cost_rule import (
+from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
+from sgl_adaspec.speculative.adaserve.gain_table import ShapeGain, slo_group_keys
+from sgl_adaspec.speculative.adaserve.knee_shape import beam_width, tree_shape
+from sgl_adaspec.speculative.adaserve.planner import (
     PlanChoice,
-    ShapeGain,
     cost_budget,
-    draft_rows,
     plan_shape,
-    slo_group_keys,
     speculation_pays,
 )
+from sgl_adaspec.speculative.adaserve.track_record import PlanTrackRecord, PriceRecord
+from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.base import (
     Decision,
     IterationInput,
     Outcome,
     PolicyBase,
-    check_common_config,
 )
 from sgl_adaspec.speculative.selection import Selection, expected_accepted, select_adaserve
-from sgl_adaspec.speculative.shapes import restrict_to_shape
-from sgl_adaspec.speculative.track_record import PlanTrackRecord, PriceRecord
+from sgl_adaspec.speculative.shapes import draft_rows, restrict_to_shape
 
-BUDGET_RULES = ("cost", "knee")
 # Iterations one cost plan may serve while its inputs stand (`_cost_plan`).
 PLAN_REUSE = 8
 # Calibration outcomes between two recalibrations of the gain table's kept drafts.
@@ -86,107 +82,6 @@ BLIND_AFTER = 4
 def load_bucket(num_requests: int) -> int:
     """Loads within 2x share a bucket: 1, 2-3, 4-7, 8-15, ..."""
     return max(num_requests, 1).bit_length()
-
-
-@dataclass(frozen=True)
-class AdaserveConfig:
-    """budget: verified tokens per iteration, roots included (None: every candidate, i.e. no
-    budget pressure; the server's knee rule fills in the start-up profile's knee,
-    `with_profile_budget`); max_nodes_per_request: n_max of the SLO phase (None: all
-    candidates); verify_tokens_per_step / draft_tokens_per_step: B1 / B2 of eq. 8-9, where set
-    they replace `tree`'s; latency_smoothing: weight of the newest measurement in the t_spec
-    moving average."""
-
-    budget: int | None = flag(
-        None,
-        "adaserve: tokens verified per iteration across the batch, one root per request "
-        "included (default: no budget, every candidate may be verified).",
-        metavar="B",
-        minimum=1,
-    )
-    max_nodes_per_request: int | None = flag(
-        None,
-        "adaserve: n_max, the most draft nodes the SLO-customized phase gives one request "
-        "(default: ~1.2 x budget / requests under the cost rule, all of its candidates under "
-        "the knee rule).",
-        metavar="N",
-        minimum=0,
-    )
-    latency_smoothing: float = 0.3
-    # "cost": B, d and speculation itself from the cost model (budget, if set, caps B);
-    # "knee": B = budget (the start-up profile's knee), (d, w) from eq. 8-9.
-    budget_rule: str = flag(
-        "cost",
-        "adaserve: cost (default) sizes speculation by its measured cost and calibrated "
-        "acceptance each iteration, down to none where it does not pay (--adaserve-budget then "
-        "caps B); knee is the paper's rule: B at the start-up profile's knee, depth from eq. 8.",
-        choices=BUDGET_RULES,
-    )
-    verify_tokens_per_step: int | None = flag(
-        None,
-        "adaserve: B1 of the load-adaptive depth d = clip(B1 / n - 1, 1, num-steps) for n "
-        "running requests (default: the verify budget, --adaserve-budget or the start-up "
-        "profile's knee; 256 without either).",
-        metavar="B1",
-        minimum=1,
-    )
-    draft_tokens_per_step: int | None = flag(
-        None,
-        "adaserve: B2 of the load-adaptive beam width w = clip(B2 / n, 1, topk) for n "
-        "running requests, the widest beam the cost rule's plan may choose (default: "
-        f"{AdaptiveTreeConfig.draft_tokens_per_step}).",
-        metavar="B2",
-        minimum=1,
-    )
-    # Iterations run without speculation between two probes of it (doubling, up to
-    # `PROBE_BACKOFF` x, while probes keep finding that it does not pay).
-    probe_interval: int = 16
-    # Speculative iterations between two exploring drafts (the full configured shape, which
-    # keeps the gain of shapes larger than the planned one known, or a depth-1 chain).
-    explore_interval: int = 16
-    # From a plain iteration, speculation must score this much above a plain decode: its price
-    # and gain are estimates, and each switch costs a cold draft that verifies nothing.
-    switch_margin: float = 0.1
-    # The cost rule's throughput phase ranks a request's nodes by f' x `lead_weight` (a
-    # request far under its SLO meets it anyway), with this scale in log(TPOT so far / SLO)
-    # and this floor. A floor of 1 ranks by f' alone, as the paper.
-    lead_scale: float = 0.3
-    lead_floor: float = 0.5
-    tree: AdaptiveTreeConfig = field(default_factory=AdaptiveTreeConfig)
-    # TPOT without speculation, for SLO classes relative to it; None: estimated online as the
-    # smoothed latency of the target's verify pass (one target forward, like a plain decode step).
-    baseline_tpot_ms: float | None = None
-
-    def __post_init__(self) -> None:
-        check_flags(self, "adaserve")
-        check_common_config(self.latency_smoothing, self.baseline_tpot_ms)
-        for name in ("probe_interval", "explore_interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"adaserve {name} must be >= 1, got {getattr(self, name)}")
-        if not (self.lead_scale > 0 and 0.0 < self.lead_floor <= 1.0):
-            raise ValueError(
-                f"adaserve lead_scale must be > 0 and lead_floor in (0, 1], got "
-                f"{self.lead_scale}, {self.lead_floor}"
-            )
-        shape = {
-            name: getattr(self, name)
-            for name in ("verify_tokens_per_step", "draft_tokens_per_step")
-            if getattr(self, name) is not None
-        }
-        if shape:
-            object.__setattr__(self, "tree", dataclasses.replace(self.tree, **shape))
-
-    def with_profile_budget(self, knee: int | None) -> AdaserveConfig:
-        """This config with the start-up profile's verify budget `knee` where the flags leave
-        it: --adaserve-budget stands for the knee when set; the knee rule takes B from it (the
-        cost rule sizes B itself, a set budget capping it); B1 is the knee unless set."""
-        knee = knee if self.budget is None else self.budget
-        budget = knee if self.budget_rule == "knee" or self.budget is not None else None
-        verify_tokens = self.verify_tokens_per_step or knee
-        tree = self.tree
-        if verify_tokens is not None:
-            tree = dataclasses.replace(tree, verify_tokens_per_step=verify_tokens)
-        return dataclasses.replace(self, budget=budget, tree=tree)
 
 
 @dataclass(frozen=True)
@@ -276,7 +171,7 @@ class AdaservePolicy(PolicyBase):
     ) -> tuple[int, int]:
         """(d, w) of this iteration's draft, within the configured search (steps, topk).
 
-        Knee rule: eq. 8-9's shape. Cost rule: the plan's (`cost_rule.plan_shape`; d = 0 when
+        Knee rule: eq. 8-9's shape. Cost rule: the plan's (`planner.plan_shape`; d = 0 when
         a plain decode scores higher), except that the first iteration at each load (within
         2x) runs plain to measure its cost, unless the plan speculates even against the
         cheapest plain iteration measured; the full shape runs until a plan exists and in
@@ -427,7 +322,7 @@ class AdaservePolicy(PolicyBase):
     def keep_draft_warm(self) -> bool:
         """A stand-down keeps the draft's state where speculation pays for one request alone
         (the load a batch can shrink back to), and skips the draft extend where it does not
-        (`cost_rule.speculation_pays`) or where the extends until the next draft cost more
+        (`planner.speculation_pays`) or where the extends until the next draft cost more
         than the cold start they spare (`_warm_pays_until_the_next_draft`); the knee rule
         always keeps it."""
         return self.config.budget_rule == "knee" or (
@@ -594,7 +489,7 @@ class AdaservePolicy(PolicyBase):
         return self._speculation_pays(tuple(loads), 0.0)
 
     def _speculation_pays(self, loads: tuple[int, ...], margin: float) -> bool:
-        """Whether speculation pays at any of `loads` by `margin` (`cost_rule.speculation_pays`,
+        """Whether speculation pays at any of `loads` by `margin` (`planner.speculation_pays`,
         cached on its inputs). The plain price is fitted over warm and cold plain iterations
         alike: a warm one holds a draft forward over its new tokens, taken out by the share
         of warm ones."""
