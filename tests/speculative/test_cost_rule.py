@@ -25,13 +25,15 @@ from sgl_adaspec.speculative.adaserve.planner import (
     plan_shape,
     speculation_pays,
 )
-from sgl_adaspec.speculative.adaserve.policy import (
+from sgl_adaspec.speculative.adaserve.modes import (
     BLIND_AFTER,
     FIRST_REMEASURE,
-    FLOOR_MEASUREMENTS,
-    PLAN_REUSE,
     REMEASURE_PLAIN,
     REMEASURE_RUN,
+)
+from sgl_adaspec.speculative.adaserve.policy import (
+    FLOOR_MEASUREMENTS,
+    PLAN_REUSE,
     AdaservePolicy,
     same_batch,
 )
@@ -110,7 +112,7 @@ def drafted(policy, num_requests, steps, topk, slo_batch):
     iteration's outcome would record; these tests feed no outcome)."""
     shape = policy.draft_shape(num_requests, steps, topk, slo_batch)
     if shape[0] == 0 and not policy.keep_draft_warm():
-        policy._stale = True
+        policy.draft_state = policy.draft_state.observed(warm=False)
     return shape
 
 
@@ -631,10 +633,12 @@ def test_adaserve_probes_only_when_no_request_on_track_would_lose_its_slo():
     policy = standing_down_policy(probe_interval=2)
     standing = policy._cost_plan(tight)
     assert [drafted(policy, 2, 4, 2, tight)[0] for _ in range(6)] == [0] * 6
-    assert policy._plain_run >= policy._probe_every  # the probe was due, and deferred
+    state = policy.draft_state
+    assert state.plain_run >= state.probe_every  # the probe was due, and deferred
     # The probe is priced as the shapes it runs: a cold 1-deep chain, then the full 4 x 2
     # search (draft + a verify of 1 + depth tokens per request, less a plain decode, each).
-    cost = policy._probe_cost_ms(2, standing, (4, 2))
+    cost = policy._probe_cost_ms(2, standing, (4, 2), stale=state.stale)
+    assert state.stale
     by_hand = sum(
         policy.verify_latency.predict((2 * (1 + d), policy._context_tokens))
         + policy.draft_latency.predict((d, draft_rows(d, w, 2)))
@@ -798,7 +802,7 @@ def test_adaserve_measures_the_draft_at_a_new_load_where_its_extrapolation_decid
     assert policy._cost_plan(eight).depth == 0
     assert [drafted(policy, 8, 4, 2, eight) for _ in range(2)] == [(4, 2)] * 2
     assert policy.stats.speculation_reasons == {"probe": 2}
-    assert policy._probe_every == policy.config.probe_interval  # no backoff
+    assert policy.draft_state.probe_every == policy.config.probe_interval  # no backoff
     observe_drafts(policy, 8, [(4, 2, 30.0)])
     assert drafted(policy, 8, 4, 2, eight)[0] > 0
     assert policy.stats.speculation_reasons["planned"] == 1

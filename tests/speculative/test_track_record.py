@@ -3,6 +3,7 @@ the edge over a plain decode it makes a plan need."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -216,7 +217,7 @@ def test_from_a_plain_run_the_plan_asks_the_switch_margin_of_the_batch_and_the_r
     for _ in range(4):  # past MIN_RECORD decayed iterations
         record.observe(10.0, 10.0, 5.0, 10.0)  # delivered half the plan
     drafted(policy, 1, 4, 2, slo([math.nan]))
-    policy._plain_run = 1  # as after a plain iteration
+    policy.draft_state = dataclasses.replace(policy.draft_state, plain_run=1)  # after a plain one
     policy._plan_cache.clear()
     drafted(policy, 1, 4, 2, slo([math.nan]))
     # 1 / 0.5 - 1 = 1.0; 1.1 / 0.5 - 1 = 1.2.

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import ClassVar
 
@@ -29,6 +29,7 @@ from sgl_adaspec.scheduler.slo import SloBatch, lead_weight, required_tokens
 from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
 from sgl_adaspec.speculative.adaserve.gain_table import ShapeGain, slo_group_keys
 from sgl_adaspec.speculative.adaserve.knee_shape import beam_width, tree_shape
+from sgl_adaspec.speculative.adaserve.modes import DraftState, Mode, next_draft
 from sgl_adaspec.speculative.adaserve.planner import (
     PlanChoice,
     cost_budget,
@@ -57,26 +58,14 @@ READ_PLANNED_EVERY = 4
 # How far each SLO group's request count may drift from the one a plan was made for while the
 # plan serves (`same_batch`).
 BATCH_DRIFT = 0.2
-# Planned speculative iterations between two plain ones that re-measure a plain decode's
-# price: FIRST_REMEASURE, doubling to REMEASURE_PLAIN (early points expose a stalled one).
-FIRST_REMEASURE = 8
-REMEASURE_PLAIN = 128
 # The most an exploring draft of the full configured search may cost beyond the planned draft,
 # as a share of the planned iteration; past it the exploring draft is a chain (`_explore_shape`).
 EXPLORE_COST = 0.25
 # Weight of the past in the share of warm plain iterations, per plain iteration.
 WARM_SHARE_DECAY = 0.9
-# Plain iterations of one re-measurement: only the second is a steady price (`PolicyBase.observe`).
-REMEASURE_RUN = 2
 # Plain iterations measured before their cheapest bounds a plain decode's price: the first,
 # right after start-up, may all be stalled, and a stalled floor stays the floor for good.
 FLOOR_MEASUREMENTS = 4
-# The most a probe's interval grows to, in `probe_interval`s, while probes find that
-# speculation does not pay: each probe runs two drafts for every running request.
-PROBE_BACKOFF = 64
-# Iterations without planned speculation, in `probe_interval`s, before new requests may be
-# prefilled without the draft (`draft_prefills`).
-BLIND_AFTER = 4
 
 
 def load_bucket(num_requests: int) -> int:
@@ -105,32 +94,22 @@ class AdaservePolicy(PolicyBase):
     gain: ShapeGain = field(default_factory=ShapeGain)
     _context_tokens: int = field(default=0, repr=False)
     _context_per_request: int = field(default=0, repr=False)
-    _plain_run: int = field(default=0, repr=False)  # plain iterations since the last probe
-    _probe_every: int = field(default=0, repr=False)
-    _probe_left: int = field(default=0, repr=False)  # speculative iterations the probe still runs
-    _cold: bool = field(default=False, repr=False)  # this draft runs on a stale draft state
-    # A plain iteration since the last draft skipped the draft extend (`keep_draft_warm`).
-    _stale: bool = field(default=False, repr=False)
+    # The mode of the last draft and the counters its transitions read (`modes.next_draft`).
+    draft_state: DraftState = field(init=False, repr=False)
     # `_speculation_pays`'s answers: loads -> (inputs, answer).
     _pays_cache: dict = field(default_factory=dict, repr=False)
     _max_load: int = field(default=1, repr=False)  # the most requests an iteration has run
     _deciding_for: int = field(default=1, repr=False)  # requests of the draft being decided
     _last_load: int = field(default=0, repr=False)  # the last iteration's requests
-    _since_planned: int = field(default=0, repr=False)  # drafts decided since the plan sped up
     _plain_was_warm: bool = field(default=False, repr=False)  # the last plain iteration's extend
     # Share of recent plain iterations that ran warm (decayed): what of a draft forward the
     # plain price fitted over them holds.
     _warm_share: float = field(default=0.0, repr=False)
-    _since_explore: int = field(default=0, repr=False)  # speculative iterations since one
-    _since_plain: int = field(default=0, repr=False)  # planned speculative ones since a plain one
-    _remeasure_every: int = field(default=FIRST_REMEASURE, repr=False)
-    _remeasure_left: int = field(default=0, repr=False)  # plain iterations it still runs
     # Loads (`load_bucket`s) that plain_latency holds a measurement at: a cache of its rows,
     # refreshed on a miss.
     _plain_loads: set = field(default_factory=set, repr=False)
     # Per `load_bucket`, a load a priced draft ran at (`_speculates_against_draft_floor`).
     _draft_loads: dict = field(default_factory=dict, repr=False)
-    _explores: int = field(default=0, repr=False)
     _blind_prefills: int = field(default=0, repr=False)  # prefills asked while it would skip
     # The last plan and what it was computed from (see `_cost_plan`).
     _plan_cache: dict = field(default_factory=dict, repr=False)  # key -> plan, uses, made for
@@ -148,9 +127,8 @@ class AdaservePolicy(PolicyBase):
     plain_records: dict[int, PriceRecord] = field(default_factory=dict)
     _plain_factors: dict = field(default_factory=dict, repr=False)  # bucket -> (state, factor)
     _running_plan: PlanChoice | None = field(default=None, repr=False)
-    # For the decision log: why the last draft shape was chosen, the plan it was chosen by,
-    # and how many of its requests were blind to the draft.
-    _reason: str = field(default="", repr=False)
+    # For the decision log: the plan the last draft shape was chosen by, and how many of its
+    # requests were blind to the draft.
     _last_planned: PlanChoice | None = field(default=None, repr=False)
     _blind_running: int = field(default=0, repr=False)
     _planned_drafts: int = field(default=0, repr=False)  # planned drafts decided
@@ -160,7 +138,7 @@ class AdaservePolicy(PolicyBase):
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
         self.baseline_tpot_ms_config = self.config.baseline_tpot_ms
-        self._probe_every = self.config.probe_interval
+        self.draft_state = DraftState(probe_every=self.config.probe_interval)
         super().__post_init__()
 
     def draft_widths(self, topk: int) -> list[int] | None:
@@ -181,97 +159,28 @@ class AdaservePolicy(PolicyBase):
         iterations (doubling while probes find it does not pay) a probe speculates twice: that
         cold chain, then a full draft."""
         if self.config.budget_rule == "knee":
+            self.draft_state = replace(self.draft_state, mode=Mode.KNEE)
             depth, width = tree_shape(num_requests, self.config.tree)
             return min(depth, steps), min(width, topk)
-        full = (steps, topk)
-        self._since_planned += 1
         self._deciding_for = num_requests
-        measured = self._plain_measured_at(num_requests)
-        if self._remeasure_left > 0 or (not measured and slo is None):
-            self._remeasure_left = max(self._remeasure_left - 1, 0)
-            self._last_planned = None
-            return self._plain(topk, "measure plain")
-        planned = None if slo is None else self._cost_plan(slo)
+        draft = next_draft(
+            self.draft_state,
+            _Questions(self, slo, num_requests, (steps, topk)),
+            full=(steps, topk),
+            measured=self._plain_measured_at(num_requests),
+            has_slo=slo is not None,
+            probe_interval=self.config.probe_interval,
+            explore_interval=self.config.explore_interval,
+        )
+        self.draft_state, planned, mode = draft.state, draft.plan, draft.state.mode
         self._last_planned = planned
-        blind = None if slo is None else slo.draft_blind
-        self._blind_running = 0 if blind is None else int(blind.sum())
-        if not measured and not self._speculates_against_plain_floor(slo, planned):
-            # What a plain decode costs at this load (within 2x) is measured where it could
-            # change the plan, not extrapolated.
-            return self._plain(topk, "measure plain")
-        if planned is not None and planned.depth == 0:
-            # A probe measures what the draft returns: with every running request blind to the
-            # draft (`draft_prefills`) its drafts verify nothing and it would measure nothing.
-            readable = self._blind_running < num_requests
-            due = self._plain_run >= self._probe_every and readable
-            affordable = due and self._can_afford_probe(slo, planned, full)
-            # The draft's cost at this load is measured where it could change the plan, as a
-            # plain decode's is: a probe, outside the backoff.
-            measure = (
-                self._probe_left == 0 and readable and self._speculates_against_draft_floor(slo)
-            )
-            if self._probe_left == 0 and not (affordable or measure):
-                self._report(planned, num_requests)
-                return self._plain(topk, "stand down")
-            if self._probe_left == 0:  # a probe: a cold draft, then a measured one
-                self._probe_left = 2
-                if not measure:
-                    self._probe_every = min(
-                        2 * self._probe_every, PROBE_BACKOFF * self.config.probe_interval
-                    )
-        elif planned is not None and self._probe_left == 0:
-            self._since_planned = 0
-            self._since_plain += 1
-            if self._since_plain >= self.config.probe_interval:
-                # Speculation that held for a probe interval is a new regime: a later
-                # stand-down probes at the base rate again. Not after a few planned iterations
-                # behind a probe's lucky draft, or a server where speculation never pays would
-                # return to the base rate after every probe.
-                self._probe_every = self.config.probe_interval
-            if self._since_plain >= self._remeasure_every:
-                # Else a plain decode's price is never re-measured while speculating (it may
-                # be a stalled one, or the context has grown). Skipped where the plan speculates
-                # even against the cheapest plain decode measured: the choice stands whatever
-                # the price, and a re-measurement is two iterations without speculation. The
-                # last price measured still bounds a shape's speed (`plan_shape`).
-                self._remeasure_every = min(2 * self._remeasure_every, REMEASURE_PLAIN)
-                if not self._speculates_against_plain_floor(slo, planned):
-                    self._remeasure_left = REMEASURE_RUN - 1
-                    return self._plain(topk, "measure plain")
-                self._since_plain = 0
-        # After a plain iteration that skipped the draft extend the draft's state is stale:
-        # the cheapest draft, a depth-1 chain, warms it; what it returns is not the draft's gain.
-        self._cold, self._stale = self._stale, False
-        self._plain_run = 0
-        probing = self._probe_left > 0
-        self._probe_left = max(self._probe_left - 1, 0)
-        if self._cold:
-            shape = (1, 1)
-        elif planned is None or probing:
-            shape = full
-        elif self._since_explore + 1 >= self.config.explore_interval:
-            # Alternately the full shape (the gain of every shape) and a depth-1 chain (the
-            # draft's cost at one step: with the planned depth alone, the cost per step and
-            # the fixed cost could not be told apart).
-            self._explores += 1
-            explore = self._explores % 2
-            shape = self._explore_shape(num_requests, full, planned) if explore else (1, 1)
-        else:
-            shape = (planned.depth, planned.width)
-        explored = planned is None or shape != (planned.depth, planned.width)
-        self._since_explore = 0 if explored else self._since_explore + 1
-        if planned is not None:
-            self._report(planned, num_requests, shape)
-        on_plan = planned is not None and not explored and not probing and not self._cold
-        self._running_plan = planned if on_plan else None
-        reason = (
-            "probe" if probing else "cold" if self._cold else "unplanned" if planned is None
-            else "planned" if on_plan else "explore"
-        )  # fmt: skip
-        reasons = self.stats.speculation_reasons
-        reasons[reason] = reasons.get(reason, 0) + 1
-        self._reason = reason
-        return shape
+        self._running_plan = planned if mode is Mode.PLANNED else None
+        if mode.speculates:
+            reasons = self.stats.speculation_reasons
+            reasons[mode.reason] = reasons.get(mode.reason, 0) + 1
+        if planned is not None and mode is not Mode.MEASURE_PLAIN:
+            self._report(planned, num_requests, None if mode is Mode.STAND_DOWN else draft.shape)
+        return draft.shape
 
     def _explore_shape(self, num_requests: int, full: tuple[int, int], planned) -> tuple[int, int]:
         """The exploring draft, which keeps the gain of shapes beyond the planned one known (and
@@ -290,24 +199,26 @@ class AdaservePolicy(PolicyBase):
         rows = draft_rows(depth, width, num_requests)
         return self.draft_latency.predict((depth, rows)) or 0.0
 
-    def _can_afford_probe(self, slo: SloBatch, planned, full: tuple[int, int]) -> bool:
+    def _can_afford_probe(self, slo: SloBatch, planned, full: tuple[int, int], stale: bool) -> bool:
         """A probe runs two drafts the plan expects not to pay (`_probe_cost_ms` behind a plain
         decode for every request). It waits until no request on its SLO track has less slack
         than that: the probe is the policy's investment, not theirs (a request already behind
         needs the speed a probe may find, and does not block it)."""
-        cost_ms = self._probe_cost_ms(slo.num_requests, planned, full)
+        cost_ms = self._probe_cost_ms(slo.num_requests, planned, full, stale)
         slack = slo.slack_ms
         on_track = slack >= 0
         return not bool((slack[on_track] < cost_ms).any())
 
-    def _probe_cost_ms(self, num_requests: int, planned, full: tuple[int, int]) -> float:
+    def _probe_cost_ms(
+        self, num_requests: int, planned, full: tuple[int, int], stale: bool
+    ) -> float:
         """What a probe's two iterations take beyond two plain decodes: the shapes it runs (a
         cold depth-1 chain where the draft's state is stale, and the full configured search),
         each a draft and a verify of one root plus `depth` nodes per request, with nothing
         credited for what they may accept. Priced at the shapes run, not the plan's best one,
         so a probe of the dearer full search never starts with less slack than it takes."""
         cost_ms = 0.0
-        for depth, width in ((1, 1) if self._stale else full, full):
+        for depth, width in ((1, 1) if stale else full, full):
             # A plan exists, so the verify model has its fit.
             verify_ms = self.verify_latency.predict(
                 (num_requests * (1 + depth), self._context_tokens)
@@ -317,7 +228,7 @@ class AdaservePolicy(PolicyBase):
         return cost_ms
 
     def draft_is_stale(self) -> bool:
-        return self._cold
+        return self.draft_state.cold
 
     def keep_draft_warm(self) -> bool:
         """A stand-down keeps the draft's state where speculation pays for one request alone
@@ -335,8 +246,9 @@ class AdaservePolicy(PolicyBase):
         iteration a stale draft starts with (a depth-1 chain verifying the roots alone: `_cold`).
         A shorter stand-down, or a plain re-measurement, stays warm: the load that brings
         speculation back may come at any iteration. Unpriced (a model unfitted): warm."""
-        long_stand_down = self._since_planned >= BLIND_AFTER * self.config.probe_interval
-        if self._reason != "stand down" or not long_stand_down:
+        state = self.draft_state
+        long_stand_down = state.long_without_plan(self.config.probe_interval)
+        if state.mode is not Mode.STAND_DOWN or not long_stand_down:
             return True
         n, context = self._deciding_for, self._context_tokens
         extend_ms = self.draft_latency.predict((1, n))
@@ -347,7 +259,7 @@ class AdaservePolicy(PolicyBase):
         # A depth-1 chain over n roots is a draft forward over n rows: the extend's price.
         cold_ms = verify_ms + extend_ms - plain_ms
         # Plain iterations from this one to the probe, this one included.
-        due_in = max(self._probe_every - self._plain_run + 1, 1)
+        due_in = max(state.probe_every - state.plain_run + 1, 1)
         return due_in * extend_ms < cold_ms
 
     def draft_prefills(self, new_requests: int) -> bool:
@@ -359,7 +271,7 @@ class AdaservePolicy(PolicyBase):
         requests to measure speculation on."""
         if (
             self.config.budget_rule == "knee"
-            or self._since_planned < BLIND_AFTER * self.config.probe_interval
+            or not self.draft_state.long_without_plan(self.config.probe_interval)
             or self._speculation_pays_somewhere(self._last_load + new_requests)
         ):
             return True
@@ -378,7 +290,7 @@ class AdaservePolicy(PolicyBase):
         self._last_load = len(outcome.rids)
         self._max_load = max(self._max_load, self._last_load)
         # A plain iteration that skipped the draft extend leaves the next draft stale.
-        self._stale = self._stale or not (outcome.speculated or outcome.draft_kept)
+        self.draft_state = self.draft_state.observed(outcome.speculated or outcome.draft_kept)
         if not outcome.speculated:
             self._plain_was_warm = outcome.draft_kept
             self._warm_share = WARM_SHARE_DECAY * self._warm_share + (
@@ -388,7 +300,8 @@ class AdaservePolicy(PolicyBase):
         if self.steady_plain(outcome) and outcome.iteration_ms > 0:  # the plain price's measure
             record = self.plain_records.setdefault(load_bucket(self._last_load), PriceRecord())
             record.observe((self._last_load, outcome.context_tokens), outcome.iteration_ms)
-        if self._reason == "probe" and not self._cold and self._measured(outcome):
+        state = self.draft_state
+        if state.mode is Mode.PROBE and not state.cold and self._measured(outcome):
             self._judge_probe(outcome)
         if outcome.speculated:  # what a draft returned may end a stand-down now
             self._standing_down = None
@@ -433,11 +346,11 @@ class AdaservePolicy(PolicyBase):
         planned = self._last_planned
         return {
             **super().account(),
-            "reason": self._reason,
+            "reason": self.draft_state.reason,
             "plan": None if planned is None else planned.as_dict(),
             "blind_requests": self._blind_running,
             "track_record": {str(b): round(r.ratio, 3) for b, r in sorted(self.records.items())},
-            "probe_every": self._probe_every,
+            "probe_every": self.draft_state.probe_every,
         }
 
     def record_at(self, num_requests: int) -> PlanTrackRecord:
@@ -562,13 +475,6 @@ class AdaservePolicy(PolicyBase):
             self._plain_loads = {load_bucket(int(n)) for n in self.plain_latency.feature_values(0)}
         return bucket in self._plain_loads
 
-    def _plain(self, topk: int, reason: str) -> tuple[int, int]:
-        self._reason = reason
-        self._running_plan = None
-        self._plain_run += 1
-        self._since_plain = 0
-        return 0, topk
-
     def _report(self, planned, num_requests: int, shape: tuple[int, int] | None = None) -> None:
         """The plan (and the shape drafted, where it speculates) for /server_info, built when
         read, with the learned inputs as they stand then: building it (the curves above all)
@@ -622,7 +528,7 @@ class AdaservePolicy(PolicyBase):
             return standing[2]
         if fitted_price:
             plain_ms = self._plain_price(slo.num_requests, self._context_tokens)
-        base = self.config.switch_margin if self._plain_run > 0 else 0.0
+        base = self.config.switch_margin if self.draft_state.plain_run > 0 else 0.0
         record = self.record_at(slo.num_requests)
         # In steps of 2 %, so the plan cache survives the record's drift. The switch margin is
         # the batch's to clear; a guarded group's own guard is the record's edge alone.
@@ -727,10 +633,11 @@ class AdaservePolicy(PolicyBase):
             # draft's dtype for the selection.
             exact = self.acceptance.apply(shaped.path_prob.double())
             calibrated = exact.to(shaped.path_prob.dtype)
-            if self._reason == "planned":
+            on_plan = self.draft_state.mode is Mode.PLANNED
+            if on_plan:
                 self._planned_drafts += 1
-            if not self._cold and (
-                self._reason != "planned" or self._planned_drafts % READ_PLANNED_EVERY == 0
+            if not self.draft_state.cold and (
+                not on_plan or self._planned_drafts % READ_PLANNED_EVERY == 0
             ):
                 # Read on the host after the verify (`observe`): the plans it feeds are made
                 # before the next draft, and before the verify it would wait on the device.
@@ -831,3 +738,35 @@ def beyond_reach(cands: Candidates, required: torch.Tensor) -> torch.Tensor:
     to catch up would take the budget ahead of those it could keep on track, and more would
     fall behind. At light load no request falls that far behind, and nothing changes."""
     return required > expected_accepted(cands, cands.valid)
+
+
+@dataclass
+class _Questions:
+    """What `modes.next_draft` asks of the policy while it decides one draft."""
+
+    policy: AdaservePolicy
+    slo: SloBatch | None
+    num_requests: int
+    full: tuple[int, int]
+
+    def plan(self) -> PlanChoice | None:
+        policy, slo = self.policy, self.slo
+        planned = None if slo is None else policy._cost_plan(slo)
+        blind = None if slo is None else slo.draft_blind
+        policy._blind_running = 0 if blind is None else int(blind.sum())
+        return planned
+
+    def speculates_against_plain_floor(self, planned: PlanChoice | None) -> bool:
+        return self.policy._speculates_against_plain_floor(self.slo, planned)
+
+    def readable(self) -> bool:
+        return self.policy._blind_running < self.num_requests
+
+    def can_afford_probe(self, planned: PlanChoice, stale: bool) -> bool:
+        return self.policy._can_afford_probe(self.slo, planned, self.full, stale)
+
+    def speculates_against_draft_floor(self) -> bool:
+        return self.policy._speculates_against_draft_floor(self.slo)
+
+    def explore_shape(self, planned: PlanChoice) -> tuple[int, int]:
+        return self.policy._explore_shape(self.num_requests, self.full, planned)
