@@ -31,12 +31,8 @@ from sgl_adaspec.speculative.adaserve.modes import (
     REMEASURE_PLAIN,
     REMEASURE_RUN,
 )
-from sgl_adaspec.speculative.adaserve.policy import (
-    FLOOR_MEASUREMENTS,
-    PLAN_REUSE,
-    AdaservePolicy,
-    same_batch,
-)
+from sgl_adaspec.speculative.adaserve.plan_reuse import PLAN_REUSE, same_batch
+from sgl_adaspec.speculative.adaserve.policy import FLOOR_MEASUREMENTS, AdaservePolicy
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.decision_log import DecisionLog
 from sgl_adaspec.speculative.latency import VerifyLatency

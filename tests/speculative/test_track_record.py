@@ -218,7 +218,7 @@ def test_from_a_plain_run_the_plan_asks_the_switch_margin_of_the_batch_and_the_r
         record.observe(10.0, 10.0, 5.0, 10.0)  # delivered half the plan
     drafted(policy, 1, 4, 2, slo([math.nan]))
     policy.draft_state = dataclasses.replace(policy.draft_state, plain_run=1)  # after a plain one
-    policy._plan_cache.clear()
+    policy.plan_reuse.plans.clear()
     drafted(policy, 1, 4, 2, slo([math.nan]))
     # 1 / 0.5 - 1 = 1.0; 1.1 / 0.5 - 1 = 1.2.
     assert asked == [(1.0, 1.0), (1.2, 1.0)]

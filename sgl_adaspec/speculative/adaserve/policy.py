@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import ClassVar
@@ -36,7 +35,9 @@ from sgl_adaspec.speculative.adaserve.planner import (
     plan_shape,
     speculation_pays,
 )
-from sgl_adaspec.speculative.adaserve.track_record import PlanTrackRecord, PriceRecord
+from sgl_adaspec.speculative.adaserve.plain_price import PlainPrice
+from sgl_adaspec.speculative.adaserve.plan_reuse import PlanReuse, batch_composition
+from sgl_adaspec.speculative.adaserve.track_record import PlanTrackRecord, load_bucket
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.base import (
     Decision,
@@ -47,30 +48,18 @@ from sgl_adaspec.speculative.policies.base import (
 from sgl_adaspec.speculative.selection import Selection, expected_accepted, select_adaserve
 from sgl_adaspec.speculative.shapes import draft_rows, restrict_to_shape
 
-# Iterations one cost plan may serve while its inputs stand (`_cost_plan`).
-PLAN_REUSE = 8
 # Calibration outcomes between two recalibrations of the gain table's kept drafts.
 GAIN_RECALIBRATION = 8
 # The gain table reads one planned draft in this many (and every other draft): the planned
 # shape runs nearly every iteration, reading each was adaserve's largest per-iteration cost,
 # and each read dates the table, so the next plan recomputes it.
 READ_PLANNED_EVERY = 4
-# How far each SLO group's request count may drift from the one a plan was made for while the
-# plan serves (`same_batch`).
-BATCH_DRIFT = 0.2
 # The most an exploring draft of the full configured search may cost beyond the planned draft,
 # as a share of the planned iteration; past it the exploring draft is a chain (`_explore_shape`).
 EXPLORE_COST = 0.25
-# Weight of the past in the share of warm plain iterations, per plain iteration.
-WARM_SHARE_DECAY = 0.9
 # Plain iterations measured before their cheapest bounds a plain decode's price: the first,
 # right after start-up, may all be stalled, and a stalled floor stays the floor for good.
 FLOOR_MEASUREMENTS = 4
-
-
-def load_bucket(num_requests: int) -> int:
-    """Loads within 2x share a bucket: 1, 2-3, 4-7, 8-15, ..."""
-    return max(num_requests, 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -101,31 +90,17 @@ class AdaservePolicy(PolicyBase):
     _max_load: int = field(default=1, repr=False)  # the most requests an iteration has run
     _deciding_for: int = field(default=1, repr=False)  # requests of the draft being decided
     _last_load: int = field(default=0, repr=False)  # the last iteration's requests
-    _plain_was_warm: bool = field(default=False, repr=False)  # the last plain iteration's extend
-    # Share of recent plain iterations that ran warm (decayed): what of a draft forward the
-    # plain price fitted over them holds.
-    _warm_share: float = field(default=0.0, repr=False)
-    # Loads (`load_bucket`s) that plain_latency holds a measurement at: a cache of its rows,
-    # refreshed on a miss.
-    _plain_loads: set = field(default_factory=set, repr=False)
+    plain_price: PlainPrice = field(default_factory=PlainPrice)
     # Per `load_bucket`, a load a priced draft ran at (`_speculates_against_draft_floor`).
     _draft_loads: dict = field(default_factory=dict, repr=False)
     _blind_prefills: int = field(default=0, repr=False)  # prefills asked while it would skip
-    # The last plan and what it was computed from (see `_cost_plan`).
-    _plan_cache: dict = field(default_factory=dict, repr=False)  # key -> plan, uses, made for
-    # The last plan that stood down: (plain loads measured, the batch it was made for, plan,
-    # uses); see `_cost_plan`.
-    _standing_down: tuple | None = field(default=None, repr=False)
+    plan_reuse: PlanReuse = field(default_factory=PlanReuse, repr=False)
     _refreshed_for: tuple | None = field(default=None, repr=False)  # gain version, recalibration
     _reported: tuple = field(default=(None, None), repr=False)  # what stats.last_plan shows
     # How planned speculation delivered against its plans, per `load_bucket` (the cost
     # models' errors depend on the load), and the plan this iteration runs (None: a plain,
     # probing, exploring or cold iteration, which no plan predicted).
     records: dict[int, PlanTrackRecord] = field(default_factory=dict)
-    # Per `load_bucket`, how the fitted plain price held against the steady plain iterations
-    # measured there (`_plain_price`).
-    plain_records: dict[int, PriceRecord] = field(default_factory=dict)
-    _plain_factors: dict = field(default_factory=dict, repr=False)  # bucket -> (state, factor)
     _running_plan: PlanChoice | None = field(default=None, repr=False)
     # For the decision log: the plan the last draft shape was chosen by, and how many of its
     # requests were blind to the draft.
@@ -167,7 +142,7 @@ class AdaservePolicy(PolicyBase):
             self.draft_state,
             _Questions(self, slo, num_requests, (steps, topk)),
             full=(steps, topk),
-            measured=self._plain_measured_at(num_requests),
+            measured=self.plain_price.measured_at(self.plain_latency, num_requests),
             has_slo=slo is not None,
             probe_interval=self.config.probe_interval,
             explore_interval=self.config.explore_interval,
@@ -292,19 +267,17 @@ class AdaservePolicy(PolicyBase):
         # A plain iteration that skipped the draft extend leaves the next draft stale.
         self.draft_state = self.draft_state.observed(outcome.speculated or outcome.draft_kept)
         if not outcome.speculated:
-            self._plain_was_warm = outcome.draft_kept
-            self._warm_share = WARM_SHARE_DECAY * self._warm_share + (
-                1.0 - WARM_SHARE_DECAY
-            ) * float(outcome.draft_kept)
+            self.plain_price.observe_plain(outcome.draft_kept)
         planned, self._running_plan = self._running_plan, None
         if self.steady_plain(outcome) and outcome.iteration_ms > 0:  # the plain price's measure
-            record = self.plain_records.setdefault(load_bucket(self._last_load), PriceRecord())
-            record.observe((self._last_load, outcome.context_tokens), outcome.iteration_ms)
+            self.plain_price.observe_steady(
+                self._last_load, outcome.context_tokens, outcome.iteration_ms
+            )
         state = self.draft_state
         if state.mode is Mode.PROBE and not state.cold and self._measured(outcome):
             self._judge_probe(outcome)
         if outcome.speculated:  # what a draft returned may end a stand-down now
-            self._standing_down = None
+            self.plan_reuse.standing_down = None
             if not outcome.warm_up:
                 self._draft_loads[load_bucket(self._last_load)] = self._last_load
         if planned is not None and self._measured(outcome):
@@ -362,25 +335,7 @@ class AdaservePolicy(PolicyBase):
         return record
 
     def _plain_price(self, num_requests: int, context_tokens: int) -> float | None:
-        """A plain decode's price at this load (None: unfitted): the fit over every load,
-        lowered by how it held against the steady plain iterations measured here
-        (`PriceRecord`), since dear iterations at a few loads lift the line at all of them.
-        Never raised: dear plain iterations (a batch filling or emptying) would make
-        speculation look paying just when it is dear too."""
-        fitted = self.plain_latency.predict((num_requests, context_tokens))
-        return None if fitted is None else fitted * self._plain_factor(num_requests)
-
-    def _plain_factor(self, num_requests: int) -> float:
-        bucket = load_bucket(num_requests)
-        record = self.plain_records.get(bucket)
-        if record is None:
-            return 1.0
-        state = (record.count, self.plain_latency.version)
-        cached = self._plain_factors.get(bucket)
-        if cached is None or cached[0] != state:  # recomputed after a measurement or a refit
-            factor = min(record.factor(self.plain_latency.predict), 1.0)
-            cached = self._plain_factors[bucket] = (state, factor)
-        return cached[1]
+        return self.plain_price.price(self.plain_latency, num_requests, context_tokens)
 
     def _speculation_pays_alone(self) -> bool:
         """Whether speculation beats decoding with no draft work at all, for one request alone.
@@ -388,7 +343,7 @@ class AdaservePolicy(PolicyBase):
         (`record`): without it, where speculation about breaks even, the answer flips every
         iteration and stand-downs pay a draft forward for nothing."""
         margin = self.record_at(1).required_edge(
-            0.0 if self._plain_was_warm else self.config.switch_margin
+            0.0 if self.plain_price.last_warm else self.config.switch_margin
         )
         return self._speculation_pays((1,), margin)
 
@@ -407,10 +362,10 @@ class AdaservePolicy(PolicyBase):
         alike: a warm one holds a draft forward over its new tokens, taken out by the share
         of warm ones."""
         verify = self.verify_latency
-        factors = [self._plain_factor(load) for load in loads]
+        factors = [self.plain_price.factor(self.plain_latency, load) for load in loads]
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
-            self.acceptance.version, self.plain_latency.version, round(self._warm_share, 1),
+            self.acceptance.version, self.plain_latency.version, round(self.plain_price.warm_share, 1),
             round(margin * 50), tuple(round(factor * 50) for factor in factors),
         )  # fmt: skip
         cached = self._pays_cache.get(loads)  # one entry per set of loads asked
@@ -423,7 +378,7 @@ class AdaservePolicy(PolicyBase):
             plain_ms = plain_ms * torch.tensor(factors, dtype=torch.float64)
             extend_ms = self.draft_latency.predict_tensor(1.0, n)
             if extend_ms is not None:
-                plain_ms = plain_ms - self._warm_share * extend_ms
+                plain_ms = plain_ms - self.plain_price.warm_share * extend_ms
             plain_ms = plain_ms.clamp(min=1e-3) / (1.0 + margin)
         pays = bool(
             speculation_pays(
@@ -469,12 +424,6 @@ class AdaservePolicy(PolicyBase):
         floor = self._cost_plan(slo, draft_scale=max(lower) / n)
         return floor is not None and floor.depth > 0
 
-    def _plain_measured_at(self, num_requests: int) -> bool:
-        bucket = load_bucket(num_requests)
-        if bucket not in self._plain_loads:
-            self._plain_loads = {load_bucket(int(n)) for n in self.plain_latency.feature_values(0)}
-        return bucket in self._plain_loads
-
     def _report(self, planned, num_requests: int, shape: tuple[int, int] | None = None) -> None:
         """The plan (and the shape drafted, where it speculates) for /server_info, built when
         read, with the learned inputs as they stand then: building it (the curves above all)
@@ -518,14 +467,11 @@ class AdaservePolicy(PolicyBase):
         batch = batch_composition(slo)
         fitted_price = plain_ms is None
         batch_plan = fitted_price and draft_scale == 1.0  # not a bound's
-        standing = self._standing_down
-        # A price measured at a new load is news, not a refit: it ends a stand-down.
-        if (
-            batch_plan and standing and standing[0] == len(self._plain_loads)
-            and standing[3] < PLAN_REUSE and same_batch(standing[1], batch)
-        ):  # fmt: skip
-            self._standing_down = (*standing[:3], standing[3] + 1)
-            return standing[2]
+        reuse, loads_measured = self.plan_reuse, self.plain_price.loads_measured
+        if batch_plan:
+            standing = reuse.standing(batch, loads_measured)
+            if standing is not None:
+                return standing
         if fitted_price:
             plain_ms = self._plain_price(slo.num_requests, self._context_tokens)
         base = self.config.switch_margin if self.draft_state.plain_run > 0 else 0.0
@@ -545,18 +491,17 @@ class AdaservePolicy(PolicyBase):
             tuple(model.surprises for model in models),
             None if not plain_ms else round(20 * math.log(plain_ms)), draft_scale,
         )  # fmt: skip
-        cached_plan, uses, made_for = self._plan_cache.get(key, (None, PLAN_REUSE, None))
-        context = 1 + self._context_tokens
-        # The margin, the pace and the context move smoothly but across steps: a plan serves
-        # within one step of what it was made with, so crossing a step and back keeps it. The
-        # context's step is wide (~41 %): short prompts grow ~10 % per iteration.
-        if (
-            uses < PLAN_REUSE and same_batch(made_for[0], batch)
-            and abs(margin - made_for[1]) < 0.03 and abs(pace - made_for[2]) < 0.06
-            and abs(math.log2(context / made_for[3])) < 0.5 and abs(spread - made_for[4]) < 0.06
-        ):  # fmt: skip
-            self._plan_cache[key] = (cached_plan, uses + 1, made_for)
-            return self._note_standing(batch, batch_plan, cached_plan)
+        made_for = (batch, margin, pace, 1 + self._context_tokens, spread)
+        served, planned = reuse.reuse(key, made_for)
+        if not served:
+            planned = self._plan(slo, plain_ms, draft_scale, margin, guard_margin, pace, spread)
+            reuse.keep(key, planned, made_for)
+        if batch_plan:
+            reuse.note(batch, planned, loads_measured)
+        return planned
+
+    def _plan(self, slo, plain_ms, draft_scale, margin, guard_margin, pace, spread):
+        verify = self.verify_latency
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
         # Kept drafts are recalibrated every GAIN_RECALIBRATION outcomes, not at every plan: the
         # calibration's sums span ~50 outcomes, and recalibrating was most of a plan's time.
@@ -568,7 +513,7 @@ class AdaservePolicy(PolicyBase):
         def draft_ms(steps, rows):
             return self.draft_latency.predict_tensor(steps, rows * draft_scale)
 
-        planned = plan_shape(
+        return plan_shape(
             slo=slo,
             context_tokens=self._context_tokens,
             gain=self.gain,
@@ -581,10 +526,6 @@ class AdaservePolicy(PolicyBase):
             spread=spread,
             max_width=self._load_adaptive_width(slo.num_requests, self.gain.max_width),
         )
-        if key not in self._plan_cache and len(self._plan_cache) >= 2:  # a plan and a floor's
-            del self._plan_cache[next(iter(self._plan_cache))]
-        self._plan_cache[key] = (planned, 1, (batch, margin, pace, context, spread))
-        return self._note_standing(batch, batch_plan, planned)
 
     def _load_adaptive_width(self, num_requests: int, widest: int) -> int:
         """Eq. 9's beam width at `num_requests`, clipped at `widest` (the configured search's
@@ -592,14 +533,6 @@ class AdaservePolicy(PolicyBase):
         light load every width the draft can run stays a choice."""
         tree = dataclasses.replace(self.config.tree, max_width=max(widest, 1))
         return beam_width(max(num_requests, 1), tree)
-
-    def _note_standing(self, batch: dict, batch_plan: bool, planned):
-        """`planned`, kept for reuse on its batch where it stands down against the fitted
-        prices (a plan against a floor's is not the batch's plan)."""
-        if batch_plan:
-            standing = planned is not None and planned.depth == 0
-            self._standing_down = (len(self._plain_loads), batch, planned, 1) if standing else None
-        return planned
 
     def plan(self, cands: Candidates) -> Plan:
         depth, width = tree_shape(cands.num_requests, self.config.tree)
@@ -707,27 +640,6 @@ class AdaservePolicy(PolicyBase):
             return torch.zeros_like(slo.has_slo)
         best_tpot_ms = self.t_spec_ms / (plan.depth + 1)
         return slo.has_slo & (slo.tpot_slo_ms < best_tpot_ms)
-
-
-def batch_composition(slo: SloBatch) -> dict:
-    """What a cost plan is for, of the batch: its request count per SLO group (NaN: -1) and
-    blindness to the draft."""
-    keys = slo.tpot_slo_ms.nan_to_num(-1.0).tolist()
-    blind = [False] * len(keys) if slo.draft_blind is None else slo.draft_blind.tolist()
-    return Counter(zip(keys, blind))
-
-
-def same_batch(made_for: dict | None, batch: dict) -> bool:
-    """Whether a plan made for the batch `made_for` still serves `batch`: the same SLO groups,
-    each within BATCH_DRIFT of the count the plan was made for. A plan is priced by these
-    counts, so a request more or less in a large group hardly moves it, while under load
-    requests come and go nearly every iteration: keyed on each request's SLO, most speculative
-    iterations would re-plan."""
-    return (
-        made_for is not None
-        and made_for.keys() == batch.keys()
-        and all(abs(batch[g] - count) <= BATCH_DRIFT * count for g, count in made_for.items())
-    )
 
 
 def beyond_reach(cands: Candidates, required: torch.Tensor) -> torch.Tensor:

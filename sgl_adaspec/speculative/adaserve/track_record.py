@@ -16,6 +16,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+
+def load_bucket(num_requests: int) -> int:
+    """Loads within 2x share a bucket: 1, 2-3, 4-7, 8-15, ..."""
+    return max(num_requests, 1).bit_length()
+
+
 # Weight of the past per planned iteration: the record spans about 1 / (1 - decay) of them.
 RECORD_DECAY = 0.85
 # Planned iterations before the record speaks: one outcome is mostly the acceptance's noise.
