@@ -15,12 +15,8 @@ BUDGET_RULES = ("cost", "knee")
 
 @dataclass(frozen=True)
 class AdaserveConfig:
-    """budget: verified tokens per iteration, roots included (None: every candidate, i.e. no
-    budget pressure; the server's knee rule fills in the start-up profile's knee,
-    `with_profile_budget`); max_nodes_per_request: n_max of the SLO phase (None: all
-    candidates); verify_tokens_per_step / draft_tokens_per_step: B1 / B2 of eq. 8-9, where set
-    they replace `tree`'s; latency_smoothing: weight of the newest measurement in the t_spec
-    moving average."""
+    """The flags' help says what each means; verify_tokens_per_step / draft_tokens_per_step,
+    where set, replace `tree`'s B1 / B2."""
 
     budget: int | None = flag(
         None,
@@ -38,8 +34,6 @@ class AdaserveConfig:
         minimum=0,
     )
     latency_smoothing: float = 0.3
-    # "cost": B, d and speculation itself from the cost model (budget, if set, caps B);
-    # "knee": B = budget (the start-up profile's knee), (d, w) from eq. 8-9.
     budget_rule: str = flag(
         "cost",
         "adaserve: cost (default) sizes speculation by its measured cost and calibrated "
@@ -63,23 +57,19 @@ class AdaserveConfig:
         metavar="B2",
         minimum=1,
     )
-    # Iterations run without speculation between two probes of it (doubling, up to
-    # `PROBE_BACKOFF` x, while probes keep finding that it does not pay).
+    # Plain iterations between two probes (backing off while probes find it does not pay).
     probe_interval: int = 16
-    # Speculative iterations between two exploring drafts (the full configured shape, which
-    # keeps the gain of shapes larger than the planned one known, or a depth-1 chain).
+    # Speculative iterations between two exploring drafts.
     explore_interval: int = 16
-    # From a plain iteration, speculation must score this much above a plain decode: its price
-    # and gain are estimates, and each switch costs a cold draft that verifies nothing.
+    # From a plain iteration, speculation must beat a plain decode by this much: its price and
+    # gain are estimates, and each switch costs a cold draft.
     switch_margin: float = 0.1
-    # The cost rule's throughput phase ranks a request's nodes by f' x `lead_weight` (a
-    # request far under its SLO meets it anyway), with this scale in log(TPOT so far / SLO)
-    # and this floor. A floor of 1 ranks by f' alone, as the paper.
+    # The throughput phase ranks nodes by f' x `lead_weight` (a request far under its SLO
+    # meets it anyway); a floor of 1 ranks by f' alone, as the paper.
     lead_scale: float = 0.3
     lead_floor: float = 0.5
     tree: AdaptiveTreeConfig = field(default_factory=AdaptiveTreeConfig)
-    # TPOT without speculation, for SLO classes relative to it; None: estimated online as the
-    # smoothed latency of the target's verify pass (one target forward, like a plain decode step).
+    # TPOT without speculation, for relative SLO classes; None: the smoothed verify pass.
     baseline_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
@@ -102,9 +92,8 @@ class AdaserveConfig:
             object.__setattr__(self, "tree", dataclasses.replace(self.tree, **shape))
 
     def with_profile_budget(self, knee: int | None) -> AdaserveConfig:
-        """This config with the start-up profile's verify budget `knee` where the flags leave
-        it: --adaserve-budget stands for the knee when set; the knee rule takes B from it (the
-        cost rule sizes B itself, a set budget capping it); B1 is the knee unless set."""
+        """With the start-up profile's `knee` where the flags leave it (--adaserve-budget
+        stands for it): the knee rule's B, B1 unless set; the cost rule sizes B itself."""
         knee = knee if self.budget is None else self.budget
         budget = knee if self.budget_rule == "knee" or self.budget is not None else None
         verify_tokens = self.verify_tokens_per_step or knee

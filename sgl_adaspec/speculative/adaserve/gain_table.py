@@ -1,8 +1,5 @@
 """What each draft shape returns (`ShapeGain`): the gain table the cost rule plans from.
-
-Dims: B requests, N candidate nodes per request, S shapes, K node counts; f' is the calibrated
-path probability (`accept_calibration`).
-"""
+Dims: B requests, N nodes per request, S shapes, K node counts; f' is the calibrated f."""
 
 from __future__ import annotations
 
@@ -19,57 +16,41 @@ from sgl_adaspec.speculative.shapes import beams_of_widths
 
 
 def draft_widths(max_width: int) -> tuple[int, ...]:
-    """The beam widths the planner weighs: every width up to 4, powers of two past it, and the
-    maximum itself."""
+    """Every width up to 4, powers of two past it, and the maximum itself."""
     widths = {w for w in range(1, max_width + 1) if w <= 4 or w & (w - 1) == 0}
     return tuple(sorted(widths | {max_width}))
 
 
 def slo_group_keys(tpot_slo_ms: torch.Tensor) -> list[float | None]:
-    """[B] TPOT SLOs (NaN: none) -> each request's group key: requests of one SLO (a class)
-    share a gain curve. None for best effort."""
+    """[B] TPOT SLOs -> each request's group key (None: best effort)."""
     return [None if math.isnan(value) else round(value, 3) for value in tpot_slo_ms.tolist()]
 
 
-_ALL = "all requests"  # ShapeGain's key of the table over every request
-GAIN_CHUNK_NODES = 1 << 15  # nodes of pools per `pooled_gain` call (256 KiB of f')
+_ALL = "all requests"
+GAIN_CHUNK_NODES = 1 << 15  # nodes of pools per `pooled_gain` call
 
 
 @dataclass
 class ShapeGain:
-    """What each draft shape returns: for shape s = (d, w) and k, the expected accepted draft
-    tokens per request of k nodes per request spent batch-wide within the beam of depth d and
-    width w (`pooled_gain`: a draft's n k best nodes by f' x the selection's rank weight),
-    averaged over the requests of the last `drafts` drafts that reached that shape; over all
-    requests (`table`) and per SLO group (`group_table`: what the group's requests get of the
-    n k best nodes of all), since requests of different classes are accepted differently and
-    the batch-wide ranking gives the better-read ones more of the budget.
-
-    The shapes are a grid: depths 1..max_depth, widths `draft_widths(max_width)`, fixed by the
-    first draft (the configured search). A draft of shape (D, W) shows every shape (d <= D,
-    w <= W): its beam restricted to that shape is the beam a smaller search would have kept.
-    Larger shapes are known from the last drafts that reached them (the policy drafts the full
-    shape now and then). Within a shape, nodes ranked by f form a prefix closed under parent
-    (f never grows from parent to child), so the k best are a tree. Drafts are kept as raw f
-    and the tables rebuilt with the current calibration (`refresh`), so an early,
-    uncalibrated f does not linger."""
+    """For shape (d, w) and k nodes per request spent batch-wide (`pooled_gain`), the expected
+    accepted draft tokens per request, over the last `drafts` drafts that reached the shape:
+    over all requests (`table`) and per SLO group (`group_table`). A draft of shape (D, W)
+    shows every smaller shape: its beam restricted to one is what a smaller search keeps.
+    Drafts are kept as raw f and recalibrated at `refresh`, so an early f does not linger."""
 
     max_nodes: int = 64
     drafts: int = 8
-    # The most requests of a draft it keeps: a sample evenly spread over the batch, from an
-    # offset that turns with each draft. The table is a mean per request, and a plan's cost
-    # must not grow with the batch.
+    # Requests kept per draft, evenly spread: a plan's cost must not grow with the batch.
     max_rows: int = 24
     max_depth: int = 0
     max_width: int = 0
     version: int = 0  # drafts observed
-    # After `refresh`: [S, K + 1] float64 (column 0 = 0) over all requests, `reached` [S] bool,
-    # and the same table per SLO group (shapes a group's rows never reached copy `table`).
+    # After `refresh`: [S, K + 1] (column 0 = 0), `reached` [S] bool, and a table per group.
     table: torch.Tensor | None = field(default=None, repr=False)
     reached: torch.Tensor | None = field(default=None, repr=False)
     groups: dict = field(default_factory=dict, repr=False)
     _drafts: deque = field(default_factory=deque, repr=False)  # of _KeptDraft, oldest first
-    _grid_of: tuple | None = field(default=None, repr=False)  # (grid key, `grid`)
+    _grid_of: tuple | None = field(default=None, repr=False)
 
     @property
     def known(self) -> bool:
@@ -77,13 +58,11 @@ class ShapeGain:
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
-        """The grid, width-major: [(1, 1), (2, 1), .., (max_depth, max_width)]."""
+        """Width-major: [(1, 1), (2, 1), .., (max_depth, max_width)]."""
         return self.grid()[0]
 
     def grid(self) -> tuple:
-        """What both plans score (`plan_shape`, `speculation_pays`): (`shapes`, node counts
-        k [K + 1] = 0..max_nodes, each shape's depth [S, 1] and width [S, 1], float64), built
-        once per grid: every plan and every read of a draft reads them."""
+        """(`shapes`, k [K + 1] = 0..max_nodes, depth [S, 1], width [S, 1]), built once."""
         key = (self.max_depth, self.max_width, self.max_nodes)
         if self._grid_of is None or self._grid_of[0] != key:
             widths = draft_widths(self.max_width) if self.max_width else ()
@@ -95,7 +74,7 @@ class ShapeGain:
         return self._grid_of[1]
 
     def curve(self, depth: int, width: int) -> torch.Tensor | None:
-        """[K + 1] of shape (depth, width) over all requests, None if never reached."""
+        """[K + 1] over all requests, None if never reached."""
         if self.table is None or (depth, width) not in self.shapes:
             return None
         s = self.shapes.index((depth, width))
@@ -112,12 +91,8 @@ class ShapeGain:
         groups: list[float | None] | None = None,
         rank_weight: torch.Tensor | None = None,
     ) -> None:
-        """cands: a draft's candidate trees, a beam of `depth` x `width` (`restrict_to_shape`);
-        groups [B]: the requests' `slo_group_keys` (None: one group); rank_weight [B] > 0: the
-        weight the selection's throughput phase ranks each request's nodes by (f' x weight,
-        `select_adaserve`; None: 1). A request whose every candidate reads f = 0 (blind to
-        the draft: `PolicyBase.draft_prefills`) shows nothing of what a shape returns and is
-        left out."""
+        """cands: a depth x width beam; groups [B]: `slo_group_keys`; rank_weight [B]: what the
+        selection ranks nodes by besides f. Requests blind to the draft (f = 0) are left out."""
         seen = (cands.path_prob > 0).any(dim=1).cpu()  # [B]
         if not bool(seen.any()):
             return
@@ -137,8 +112,7 @@ class ShapeGain:
         f = cands.path_prob.double()
         bsz, nodes = f.shape
         k = min(self.max_nodes, nodes)
-        # Per shape and request, its k best nodes by f, and which nodes they are (indices into
-        # the flattened [B * N] f, whose extra last entry is 0: the filler of short rows).
+        # Per shape and request, its k best f and their indices into the flat f (filler: B * N).
         ranked = torch.zeros(len(shapes), bsz, k, dtype=torch.float64)
         node_ids = torch.full((len(shapes), bsz, k), bsz * nodes, dtype=torch.int64)
         reached = torch.tensor([d <= depth and w <= width for d, w in shapes])
@@ -157,20 +131,12 @@ class ShapeGain:
         rows = {key: torch.tensor([k == key for k in keys]) & seen for key in set(keys) - {None}}
         rows = {key: members for key, members in rows.items() if bool(members.any())}
         rows[_ALL] = seen
-        # Per group, its pool of nodes per shape, best first, as node indices, cut after the
-        # last node with f > 0 (f' of 0 is 0). The calibration is non-decreasing, so it keeps
-        # the pool's order: a refresh calibrates each draft's B * N nodes once and sums, and
-        # sorts nothing (re-sorting at every plan was most of a plan's time). Pools are kept only
-        # for the shapes this draft reached: a planned draft reaches few of the grid's.
+        # Pools are sorted once, by raw f: the calibration is monotone, so a refresh sorts
+        # nothing (re-sorting was most of a plan's time).
         filler = node_ids.new_full((), bsz * nodes)
         ranked, node_ids = ranked[reached], node_ids[reached]
-        # Each SLO group's pool is its share of the pool of all requests, not a pool of its
-        # own: the selection after the draft ranks the whole batch by f', so a group the draft
-        # reads badly gets fewer than k nodes per request, and a per-group pool overpredicts
-        # it. The pool of all is ranked as that selection ranks, by f x the request's weight
-        # (else the plan overpredicts, and the track record stands speculation down). By raw
-        # f, not f': the pool is sorted once and recalibrated unsorted; between requests of
-        # different weights the monotone calibration may swap a near tie, a node or so.
+        # A group's pool is its share of the pool of all, ranked as the selection ranks the
+        # whole batch: a group the draft reads badly gets fewer nodes, not k each.
         seen_rows = int(seen.sum())
         if rank_weight is not None:
             ranked = ranked * rank_weight.double().cpu().view(1, -1, 1)
@@ -190,17 +156,14 @@ class ShapeGain:
             self._drafts.popleft()
 
     def refresh(self, calibrate: Callable[[torch.Tensor], torch.Tensor], fit=None) -> None:
-        """Rebuild the tables with `calibrate` (f -> f', monotone, 0 stays 0). `fit` names the
-        calibration (None: unnamed): a kept draft's gains computed under the same name are
-        reused, so between two fits a refresh computes the new drafts alone."""
+        """Rebuild the tables with `calibrate` (monotone, 0 stays 0); a draft's gains under the
+        same `fit` name are reused."""
         if not self._drafts:
             return
         stale = [draft for draft in self._drafts if fit is None or draft.fit != fit]
         if stale:
             self._compute_gains(stale, calibrate, fit)
-        # Per group (an SLO group's key, or _ALL requests): [S, K] gain summed over the rows
-        # of the drafts that reached each shape, and those rows [S]; every group in one
-        # stack [G, E, S, K], a draft without the group weighed 0 in it.
+        # Every group in one stack [G, E, S, K], a draft without the group weighed 0.
         drafts = self._drafts
         keys = list(dict.fromkeys(key for draft in drafts for key in draft.pools))
         absent_gain = drafts[0].gains[_ALL].new_zeros(())
@@ -218,7 +181,6 @@ class ShapeGain:
         gains = torch.stack(gains).view(num_groups, num_drafts, *gains[0].shape)
         weights = torch.stack(reached_by).double().view(num_groups, num_drafts, -1)
         weights = weights * torch.tensor(counts).view(num_groups, num_drafts, 1)  # [G, E, S]
-        # Summed draft after draft (cumsum's order, the same sums as one at a time).
         total = (gains * weights.unsqueeze(3)).cumsum(1)[:, -1]  # [G, S, K]
         rows = weights.cumsum(1)[:, -1]  # [G, S]
         everyone = keys.index(_ALL)
@@ -226,10 +188,8 @@ class ShapeGain:
         reached = rows[everyone] > 0
         means = torch.where((rows > 0).unsqueeze(2), _mean_table(total, rows), table)
         if self.table is not None:
-            # A shape no kept draft reached keeps what the drafts that last reached it
-            # returned (as last calibrated): else, `drafts` planned drafts after an exploring
-            # one, every shape beyond the planned one read as never reached, and the plan
-            # could only grow shallower until the next exploration.
+            # A shape no kept draft reached keeps its last table: else the plan could only
+            # grow shallower until the next exploring draft.
             kept = (self.reached & ~reached).unsqueeze(1)
             table = torch.where(kept, self.table, table)
             before = torch.stack([self.groups.get(key, self.table) for key in keys])
@@ -239,23 +199,19 @@ class ShapeGain:
         self.table, self.reached, self.groups = table, reached, groups
 
     def _compute_gains(self, drafts: list, calibrate: Callable, fit) -> None:
-        """Each of `drafts`' gains per group under `calibrate`, kept on the draft with `fit`.
-        One calibration call for the nodes of them all, then one `pooled_gain` per chunk of
-        pools of every group and draft (a pool has one row per shape its draft reached: a
-        shape it did not reach gains 0, which `refresh` weighs 0); each pool's node indices
-        are shifted to index them all, and every draft's last node (f = 0) pads a short row.
-        Chunks: a call is some twenty small torch ops, too many to make per group, while all
-        pools in one call outgrow a cache and run slower."""
+        """Each of `drafts`' gains per group under `calibrate`: one calibration call, then one
+        `pooled_gain` per chunk of pools (per group, a call is too many small ops; all in one
+        outgrows a cache)."""
         drafted = [draft.flat_f for draft in drafts]
         starts = [0, *itertools.accumulate(len(flat_f) for flat_f in drafted)]
         node_f = calibrate(torch.cat(drafted))
         zero = starts[1] - 1  # the first draft's last node
-        entries = []  # (pool, (row count, pool rows), draft, group key), draft after draft
+        entries = []  # (pool, (row count, pool rows), draft, group key)
         for draft, start in zip(drafts, starts):
             draft.fit, draft.gains = fit, {}
             for key, (pool, count, pool_rows) in draft.pools.items():
                 entries.append((pool + start, (count, pool_rows), draft, key))
-        chunk, size = [], 0  # pools, until they hold GAIN_CHUNK_NODES nodes or more
+        chunk, size = [], 0
         for entry in entries:
             chunk.append(entry)
             size += entry[0].numel()
@@ -266,13 +222,12 @@ class ShapeGain:
             self._chunk_gains(chunk, node_f, zero)
 
     def _chunk_gains(self, entries: list, node_f: torch.Tensor, zero: int) -> None:
-        """`_compute_gains` for `entries` (pool, (row count, pool rows), draft, group key)."""
         rows = _stacked([pool for pool, _, _, _ in entries], zero)  # [sum of S_r, L]
         lengths = torch.tensor([len(pool) for pool, _, _, _ in entries])
         counts = torch.tensor([counts for _, counts, _, _ in entries])  # [E, 2]
         requests = torch.repeat_interleave(counts[:, 0], lengths)
         pool_rows = torch.repeat_interleave(counts[:, 1], lengths)
-        # index_select, not node_f[rows]: the same gather, ~3x faster at ~100k-800k nodes.
+        # index_select: the same gather as node_f[rows], ~3x faster.
         pool = node_f.index_select(0, rows.flatten()).view(len(rows), 1, -1)
         gained = pooled_gain(pool, requests, self.max_nodes, pool_rows)
         reached = torch.stack([draft.reached for _, _, draft, _ in entries])  # [E, S]
@@ -284,26 +239,21 @@ class ShapeGain:
 
 @dataclass
 class _KeptDraft:
-    """What `ShapeGain` keeps of one draft: its nodes' raw f [B * N + 1] (the last: 0), per
-    group (each SLO group's key, and _ALL) its share of the pool of all requests [S_r, L]
-    (node indices, best first, for each of the S_r shapes it reached; the other requests'
-    nodes read as the last node, f = 0), its rows R and the pool's rows, the shapes it
-    reached [S] bool, and its gains per group [S, K] with the fit they were computed under
-    (`ShapeGain.refresh`; none until the first refresh after it)."""
+    """One draft: raw f [B * N + 1] (the last: 0), per group (pool [S_r, L] of node indices,
+    rows, pool rows), the shapes it reached [S], and its gains per group under `fit`."""
 
     flat_f: torch.Tensor
     pools: dict
     reached: torch.Tensor
-    fit: object = field(default_factory=object)  # matches no fit: computed at the next refresh
+    fit: object = field(default_factory=object)  # matches no fit until computed
     gains: dict | None = None
 
 
 def _beams_within(
     cands: Candidates, depth: int, width: int, widths: tuple[int, ...]
 ) -> torch.Tensor:
-    """`beams_of_widths(cands, depth, widths)` [W, B, N] for candidates that are already a
-    depth x width beam (`restrict_to_shape`): at `width` itself the beam is the candidates,
-    so only the narrower widths are searched (none for a chain, the usual planned draft)."""
+    """`beams_of_widths` [W, B, N] of a depth x width beam: at `width` itself the beam is the
+    candidates, so only narrower widths are searched."""
     if widths and widths[-1] == width:
         narrower = widths[:-1]
         whole = cands.valid.unsqueeze(0)
@@ -316,14 +266,9 @@ def _beams_within(
 def pooled_gain(
     pool: torch.Tensor, requests: torch.Tensor, nodes: int, pool_rows: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """pool [E, S, L]: per entry e and shape, the f' of the ranked nodes of a pool of P_e =
-    pool_rows[e] requests (default: requests[e]), best first (the nodes past L read 0; nodes
-    of requests outside the R_e = requests[e] counted read 0 too) -> [E, S, K = nodes]: for
-    k = 1..K, the expected accepted draft tokens per counted request of the pool's P_e * k best
-    nodes (a batch-wide budget of k nodes per request, as `cost_budget` spends it). Pooled, not
-    each request's own k best: requests the draft reads well take more than k nodes and hard
-    ones fewer, which returns more, the more so the deeper the shape; a per-request mean
-    under-predicts deep shapes, and the plan would choose too shallow under load."""
+    """pool [E, S, L]: ranked f' of a pool of pool_rows[e] requests (default: requests[e]) ->
+    [E, S, nodes]: per counted request, the gain of the pool's pool_rows * k best nodes, as
+    `cost_budget` spends a batch-wide budget. Per request, deep shapes would be underpriced."""
     entries, shapes, length = pool.shape
     if length == 0:
         return pool.new_zeros(entries, shapes, nodes)
@@ -335,7 +280,6 @@ def pooled_gain(
 
 
 def _stacked(pools: list[torch.Tensor], fill: int) -> torch.Tensor:
-    """pools [S_e, L_e] each -> [sum of S_e, max L_e], each row padded with `fill`."""
     length = max(pool.shape[1] for pool in pools)
     return torch.cat(
         [torch.cat([pool, pool.new_full((len(pool), length - pool.shape[1]), fill)], 1)
@@ -344,7 +288,5 @@ def _stacked(pools: list[torch.Tensor], fill: int) -> torch.Tensor:
 
 
 def _mean_table(gained: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """gained [..., S, K] (summed with `weight`), weight [..., S] -> [..., S, K + 1] means,
-    column 0 = 0."""
     mean = gained / weight.clamp(min=1e-9).unsqueeze(-1)
     return torch.nn.functional.pad(mean, (1, 0))

@@ -1,19 +1,10 @@
 """adaserve's cost rule: how much to speculate, from what speculation returns and costs here.
+Pure math. f' is the calibrated path probability: a set of nodes is expected to commit their
+sum of f' (AdaServe Theorem 3.1).
 
-Pure math (tensors in, numbers out). Dims: B requests, N candidate nodes per request, K the
-curve's length. Terms as in `speculative/candidates.py`; f' is the calibrated path probability
-(`accept_calibration`), so the expected accepted draft tokens of a set of nodes is their sum of
-f' (AdaServe Theorem 3.1 with calibrated probabilities).
-
-Before the draft (`plan_shape`): for every draft shape (d, w) and node count k per request, an
-iteration of T = draft ms(d, rows) + verify ms(n (1 + k), context) commits each request of SLO
-group g 1 + gain_g(d, w, k) tokens (`ShapeGain`); the objective is how many requests that pace
-keeps on course for their SLO (`SloOutlook`), throughput breaking ties. A plain decode is
-scored the same way, and no shape may slow a request a plain decode would keep on course below
-a plain decode's pace (barring room to spare), so where verifying or drafting costs more than it
-returns the plan is depth 0, and where verification is nearly free the full tree wins.
-After the draft (`cost_budget`), with the draft paid: the prefix of the batch-wide ranking by
-f' that maximizes expected committed tokens per ms.
+Before the draft, `plan_shape` scores every shape and node count, and a plain decode, by the
+requests kept on course for their SLO; after it, `cost_budget` cuts the batch-wide ranking by
+f' where expected tokens per ms peak.
 """
 
 from __future__ import annotations
@@ -29,26 +20,21 @@ from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.adaserve.gain_table import ShapeGain, slo_group_keys
 from sgl_adaspec.speculative.shapes import draft_rows
 
-# verify_ms(tokens, context) / draft_ms(steps, rows) -> float64 latency (broadcast); None
-# if unknown.
+# verify_ms(tokens, context) / draft_ms(steps, rows) -> latency (broadcast); None if unknown.
 LatencyFn = Callable[..., torch.Tensor | None]
 
 
-# `plan_shape`'s tie-break: per request-equivalent, the speed-up over a plain decode's tokens
-# per ms; small beside one request kept on course for its SLO.
+# The tie-break per request-equivalent of speed-up: small beside one request kept on course.
 THROUGHPUT_TIE = 0.01
-# A shape may serve a guarded SLO group slower than a plain decode where its pace still
-# exceeds what each request a plain decode keeps on course needs, by this many spreads of the
-# log wall time (and the switch margin): ~2 % chance for the hardest of them to fall off.
+# Room a shape slowing a guarded group must leave each request a plain decode keeps on course,
+# in spreads of the log wall time: ~2 % chance for the hardest to fall off.
 GUARD_SIGMAS = 2.0
 
 
 @dataclass(frozen=True)
 class PlanChoice:
-    """The plan for the next draft: its shape (depth 0: no speculation), the draft nodes per
-    request it expects to verify, and the expected tokens per ms with it and with a plain
-    decode (the whole batch's), the objective it maximized for both, and the margin it was
-    made with (what more tokens per ms than a plain decode speculation had to promise)."""
+    """The plan for the next draft (depth 0: no speculation), with the batch's expected tokens
+    per ms with it and with a plain decode."""
 
     depth: int
     width: int
@@ -60,7 +46,7 @@ class PlanChoice:
     plain_ms: float  # predicted, without speculation
     objective: float = 0.0
     plain_objective: float = 0.0
-    margin: float = 0.0  # the gain over a plain decode the batch had to expect to switch
+    margin: float = 0.0  # the edge over a plain decode the batch had to expect
 
     def as_dict(self) -> dict:
         return {
@@ -91,44 +77,25 @@ def plan_shape(
     spread: float = 0.0,
     max_width: int | None = None,
 ) -> PlanChoice | None:
-    """Before the draft: the shape (d, w) and node count k per request that keep the most
-    running requests on course for their SLO (`SloOutlook`), the most committed tokens per ms
-    breaking ties, over every shape `gain` has seen; depth 0 when a plain decode scores at
-    least as high. None when a model has no observation yet.
+    """The shape (d, w) and nodes per request k that keep the most requests on course for
+    their SLO (`SloOutlook`), throughput breaking ties; depth 0 where a plain decode scores as
+    high; None while a model is unfitted. An iteration of T ms commits each request of group g
+    1 + gain_g tokens, over T x wall_per_decode of wall time.
 
-    slo: the running requests' SLO state; plain_ms: a plain iteration's predicted wall time
-    (`PolicyBase.plain_latency`); margin: how much more tokens per ms than a plain decode a
-    guarded SLO group must expect, unless the batch expects that much and the group
-    `guard_margin` (default: `margin`): the switch's hysteresis is the batch's to clear, a
-    group's own guard only the plans' prediction error; wall_per_decode, spread:
-    `PolicyBase.wall_per_decode` and `.wall_spread` (how uncertain a request's future pace
-    is); max_width: the widest beam to choose (None: any), eq. 9's width in the policy.
-
-    A request of group g commits e(s, k) = 1 + its group's gain tokens in an iteration of
-    T(s, n (1 + k) verified tokens) ms, while W = T x wall_per_decode passes. The objective
-    is the expected count of SLO requests that pace keeps on course, plus `THROUGHPUT_TIE`
-    per request-equivalent of speed-up over a plain decode: speed goes to the requests whose
-    SLO it decides, not to those far ahead or beyond recovery; the rest is throughput, which
-    also drains the queue. A shape is no choice where a guarded group expects fewer tokens
-    per ms than a plain decode gives (by `guard_margin`, or `margin` where the batch does
-    too), unless it also keeps each request a plain decode would keep on course with room to
-    spare (`GUARD_SIGMAS` spreads and the margin in log pace) and speeds up the batch by the
-    margin. A group is guarded where a plain decode keeps at least one of its requests on
-    course; best-effort groups always are (so a request blind to the draft,
-    `SloBatch.draft_blind`, which gains nothing from any shape, holds the plan to a plain
-    decode). The draft is priced by its rows: a wide beam must earn back its n * w rows per
-    step."""
+    A shape may not slow a guarded group (one a plain decode keeps a request of on course, or
+    best effort) below a plain decode's pace by `guard_margin` (`margin` where the batch is
+    short of it too), unless it keeps every request a plain decode keeps on course with
+    room to spare and speeds up the batch by `margin`. Speed so goes to the requests whose
+    SLO it decides, and a request blind to the draft holds the plan to a plain decode."""
     n = slo.num_requests
     if gain.table is None or n == 0:
         return None
     shapes, k, depth, width = gain.grid()
-    # Only the shapes within `max_width` are scored (under load eq. 9 allows chains alone:
-    # a fifth of the grid, and most of the plan's time is the grid's [S, K] terms).
+    # Only shapes within `max_width`: most of the plan's time is the grid's [S, K] terms.
     widest = gain.max_width if max_width is None else max(min(max_width, gain.max_width), 1)
     rows = (width.squeeze(1) <= widest).nonzero().squeeze(1)  # chains always among them
     shapes = [shapes[s] for s in rows.tolist()]
     depth, width, reached = depth[rows], width[rows], gain.reached[rows]
-    # No beam holds more than d x w nodes per request: counts past that verify nothing more.
     size = min(gain.max_nodes, gain.max_depth * widest) + 1
     k = k[:size]
     draft = draft_ms(depth, draft_rows(depth, width, n))  # [S, 1]
@@ -138,11 +105,10 @@ def plan_shape(
     plain_wall = plain_ms * wall_per_decode
     keys = slo_group_keys(slo.tpot_slo_ms)
     blind = slo.draft_blind if slo.draft_blind is not None else torch.zeros(n, dtype=torch.bool)
-    # Requests blind to the draft (prefilled without it) commit their bonus token alone,
-    # whatever the shape: a group of their own within their SLO group.
-    groups = []  # (requests, expected tokens [S, K], SloOutlook or None: best effort, guarded)
+    # Requests blind to the draft commit one token whatever the shape: a group of their own.
+    groups = []  # (requests, expected tokens [S, K], outlook (None: best effort), guarded)
     plain_kept = 0.0
-    log_theta = recovery_log_theta(slo)  # [B], read by every group's outlook
+    log_theta = recovery_log_theta(slo)
     for key, is_blind in sorted({(key, bool(b)) for key, b in zip(keys, blind.tolist())}, key=str):
         members = torch.tensor([k == key for k in keys]) & (blind == is_blind)
         expected = 1.0 + gain.group_table(key).index_select(0, rows)[:, :size]  # [S, K]
@@ -163,18 +129,14 @@ def plan_shape(
     committed = torch.zeros_like(iteration)
     for count, expected, _, _ in groups:
         committed += count * expected
-    speedup = committed / iteration * (plain_ms / n)  # over a plain decode's tokens per ms
-    # A guarded group may be served slower than a plain decode only where the shape still keeps
-    # on course, with room to spare, each request a plain decode keeps, and speeds up the batch
-    # by the margin (which holds the plans' track record).
+    speedup = committed / iteration * (plain_ms / n)
     may_slow = speedup >= 1.0 + margin
     headroom = GUARD_SIGMAS * spread + math.log1p(margin)
     guard_margin = margin if guard_margin is None else min(guard_margin, margin)
     slows_guarded = torch.zeros_like(iteration, dtype=torch.bool)
     for _, expected, outlook, guarded in groups:
         if guarded:
-            rate = expected / iteration  # tokens per ms of each request of the group
-            # Short of the margin where the batch is too, or short of the group's own margin.
+            rate = expected / iteration
             short_of_switch = (rate < (1.0 + margin) / plain_ms) & ~may_slow
             short_of_guard = rate < (1.0 + guard_margin) / plain_ms
             if outlook is not None:
@@ -184,9 +146,7 @@ def plan_shape(
         if outlook is not None:
             kept += outlook.kept(expected, wall)
     objective = kept + THROUGHPUT_TIE * speedup
-    # A draft with no node verified is never better than a plain decode.
-    objective[(verified == n) | ~reached.unsqueeze(1)] = -1.0
-    # No request a plain decode keeps on its SLO is slowed for others, barring room to spare.
+    objective[(verified == n) | ~reached.unsqueeze(1)] = -1.0  # nothing verified: no choice
     objective[slows_guarded] = -1.0
     best, count = divmod(int(objective.argmax()), size)
     d, w = shapes[best]
@@ -195,9 +155,7 @@ def plan_shape(
     tokens, ms = float(committed[best, count]), float(iteration[best, count])
     plain = float(plain_ms)
     if score < 0:
-        # No allocation is a choice: report the draft that comes nearest (the most committed
-        # tokens per ms), not one that verifies nothing. Reported only: a plan that stands
-        # down is used for its plain price.
+        # No choice: report the draft that comes nearest, not one that verifies nothing.
         rate = committed / iteration
         rate[:, 0] = -math.inf
         rate[~reached] = -math.inf
@@ -225,14 +183,9 @@ def speculation_pays(
     draft_ms: LatencyFn,
     plain_ms: torch.Tensor | None,
 ) -> torch.Tensor:
-    """loads [L]: running requests n; plain_ms [L]: a plain decode's price at each (None: not
-    measured) -> [L] bool: whether some shape commits more tokens per ms for each of n
-    requests (each at `context_per_request`) than a plain decode at n. The plan guards each
-    request's speed, so where this is false at every load a batch reaches, no plan
-    speculates: it decides whether a stand-down keeps the draft's state (at one request,
-    `AdaservePolicy.keep_draft_warm`) and whether new requests are prefilled with the draft
-    (`AdaservePolicy.draft_prefills`). True where a model has no observation yet (the gain is
-    still to be learned, from a draft whose state was kept)."""
+    """[L] bool: whether some shape commits more tokens per ms per request than a plain
+    decode at plain_ms [L], for each load [L]. The plan guards each request's speed, so where
+    this is false no plan speculates. True while a model is unfitted: the gain is to learn."""
     loads = torch.as_tensor(loads, dtype=torch.float64)
     unknown = torch.ones(loads.shape, dtype=torch.bool)
     if gain.table is None or plain_ms is None:
@@ -244,7 +197,7 @@ def speculation_pays(
     if verify is None or draft is None:
         return unknown
     rate = (1.0 + gain.table) / (verify + draft).clamp(min=1e-9)  # [L, S, K] per request
-    rate[..., 0] = 0.0  # a draft with nothing verified is never better than a plain decode
+    rate[..., 0] = 0.0  # nothing verified
     rate[:, ~gain.reached] = 0.0
     plain = torch.as_tensor(plain_ms, dtype=torch.float64)
     return (rate.amax(dim=(1, 2)) * plain > 1.0) | (plain <= 0)
@@ -252,16 +205,11 @@ def speculation_pays(
 
 @dataclass(frozen=True)
 class SloOutlook:
-    """Which of one SLO group's requests an iteration keeps on course for their SLO. A request
-    of TPOT SLO t that has committed o tokens in l ms of decoding (q = l / (o t): its TPOT so
-    far over its SLO; 1 before its first token) ends within its SLO if it commits as many
-    tokens again at no more than (2 - q) t ms each. An iteration whose wall time W (stalls
-    included) commits it e tokens sets that pace if rho = e t / W >= theta = 1 / (2 - q); a
-    request at twice its SLO or past it (q >= 2) is beyond recovery over that horizon. Later
-    iterations' pace is uncertain: with the measured spread sigma of the log wall time of
-    iterations, a request counts Phi(log(rho / theta) / sigma), 1 or 0 at sigma = 0.
-    Per SLO of the group (SLOs within `slo_group_keys`' rounding): tpot, and the requests'
-    log theta [R_t] sorted (inf: beyond recovery)."""
+    """Which of one SLO group's requests an iteration keeps on course. A request at q times
+    its TPOT SLO t so far ends within it if it commits as many tokens again at (2 - q) t ms
+    each: an iteration committing e tokens in wall time W keeps it if rho = e t / W >= theta
+    = 1 / (2 - q). With the spread sigma of iterations' log wall time, it counts
+    Phi(log(rho / theta) / sigma). per_slo: (tpot, sorted log theta, inf past recovery)."""
 
     spread: float
     per_slo: tuple[tuple[float, torch.Tensor], ...]
@@ -271,8 +219,6 @@ class SloOutlook:
         cls, slo: SloBatch, members: torch.Tensor, spread: float,
         log_theta: torch.Tensor | None = None,
     ) -> SloOutlook:  # fmt: skip
-        """The group of `slo`'s requests `members` [B] bool; log_theta [B]: the batch's
-        `recovery_log_theta`, where the caller computed it for several groups."""
         if log_theta is None:
             log_theta = recovery_log_theta(slo)
         per_slo = []
@@ -282,9 +228,7 @@ class SloOutlook:
         return cls(spread, tuple(per_slo))
 
     def kept(self, expected: torch.Tensor, wall_ms: torch.Tensor) -> torch.Tensor:
-        """expected [S, K]: tokens an iteration commits for each request of the group while
-        wall_ms [S, K] pass (the iteration and its stalls) -> [S, K]: the group's requests it
-        keeps on course (expected count)."""
+        """expected, wall_ms [S, K] -> [S, K] expected count of requests kept on course."""
         total = 0.0
         for tpot, log_theta in self.per_slo:
             log_rho = _log_pace(expected, tpot, wall_ms).contiguous()
@@ -299,9 +243,8 @@ class SloOutlook:
         self, expected: torch.Tensor, wall_ms: torch.Tensor, plain_wall_ms: torch.Tensor,
         headroom: float,
     ) -> torch.Tensor:  # fmt: skip
-        """expected, wall_ms [S, K] as in `kept` -> [S, K] bool: whether that pace keeps on
-        course every request of the group that a plain decode (one token per `plain_wall_ms`
-        [1, 1]) keeps, each with `headroom` to spare in log pace."""
+        """[S, K] bool: whether the pace keeps every request a plain decode keeps on course,
+        with `headroom` to spare in log pace."""
         keeps = torch.ones_like(expected, dtype=torch.bool)
         for tpot, log_theta in self.per_slo:
             kept_by_plain = log_theta[log_theta <= _log_pace(1.0, tpot, plain_wall_ms)]
@@ -311,8 +254,7 @@ class SloOutlook:
         return keeps
 
     def kept_by(self, plain_wall_ms: torch.Tensor) -> bool:
-        """Whether a plain decode (one token per `plain_wall_ms` [1, 1]) keeps at least one
-        of the group's requests on course."""
+        """Whether a plain decode keeps one of the group's requests on course."""
         return any(
             bool(log_theta[0] <= _log_pace(1.0, tpot, plain_wall_ms))
             for tpot, log_theta in self.per_slo
@@ -320,16 +262,13 @@ class SloOutlook:
 
 
 def _log_pace(expected, tpot: float, wall_ms):
-    """log rho (`SloOutlook`): the pace of `expected` tokens per `wall_ms` against an SLO of
-    `tpot` ms per token; a tensor for tensors, a float for a plain decode's numbers."""
     if isinstance(expected, torch.Tensor):
         return torch.log((expected * tpot / wall_ms).clamp(min=1e-12))
     return math.log(expected * tpot / float(wall_ms))
 
 
 def recovery_log_theta(slo: SloBatch) -> torch.Tensor:
-    """[B] float64: each request's log theta (`SloOutlook`), inf past recovery or without an
-    SLO."""
+    """[B] log theta (`SloOutlook`), inf past recovery or without an SLO."""
     ratio = slo.tpot_ratio
     return torch.where(ratio < 2.0, -torch.log((2.0 - ratio).clamp(min=1e-9)), math.inf)
 
@@ -341,11 +280,9 @@ def cost_budget(
     context_tokens: int,
     verify_ms: LatencyFn,
 ) -> torch.Tensor | None:
-    """After the draft (its `sunk_ms` already paid): the verify budget B, roots included, that
-    maximizes expected committed tokens per ms over the batch-wide ranking by f', as a 0-d
-    int64 tensor on the draft's device (tensor work only: no host read between the draft and
-    the verify). calibrated [B, N] f'; valid [B, N] bool. None when the verify model has no
-    observation."""
+    """The verify budget B (roots included) that maximizes expected committed tokens per ms,
+    the draft's `sunk_ms` paid; a 0-d tensor on the draft's device, so nothing is read on the
+    host before the verify. None while the verify model is unfitted."""
     n = calibrated.shape[0]
     f = torch.where(valid, calibrated, -1.0).double().flatten()
     ranked = torch.sort(f, descending=True).values  # [M] valid nodes first, best first

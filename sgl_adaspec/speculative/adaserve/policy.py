@@ -1,17 +1,12 @@
-"""The adaserve policy: per iteration, which of each request's candidate nodes to verify.
-
-Pure (tensors and dataclasses, no SGLang): the SGLang adapter (`speculative/sglang/`) hands it
-the candidate trees SGLang's EAGLE draft built and the batch's SLO state, and gets a selection.
+"""The adaserve policy: per iteration, the draft's shape and which candidate nodes to verify.
 
 Two budget rules (`AdaserveConfig.budget_rule`):
-- "cost" (default): sized by what speculation returns on this hardware and draft. Before the
-  draft, `draft_shape` picks (d, w) by an SLO-aware objective (`planner.plan_shape`), no
-  wider than eq. 9's width, or depth 0 (no speculation); after it, B maximizes expected
-  committed tokens per ms (`planner.cost_budget`), and AdaServe's SLO-customized phase
-  spends it most urgent request first, at most ~1.2 B / n nodes each. Needs are read over an
-  iteration's wall time, prefill stalls included (`wall_per_decode`).
+- "cost" (default): before the draft, the mode machine (`modes.next_draft`) picks the shape,
+  mostly the plan's (`planner.plan_shape`, depth 0: no speculation); after it, B maximizes
+  expected committed tokens per ms (`planner.cost_budget`), and AdaServe's SLO-customized
+  phase spends it most urgent request first, at most ~1.2 B / n nodes each.
 - "knee": the paper's rules, kept for comparison: B at the knee of the start-up verify
-  profile (or --adaserve-budget), (d, w) from eq. 8-9.
+  profile (or --adaserve-budget), (d, w) from eq. 8-9 (`knee_shape`).
 """
 
 from __future__ import annotations
@@ -29,14 +24,14 @@ from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
 from sgl_adaspec.speculative.adaserve.gain_table import ShapeGain, slo_group_keys
 from sgl_adaspec.speculative.adaserve.knee_shape import beam_width, tree_shape
 from sgl_adaspec.speculative.adaserve.modes import DraftState, Mode, next_draft
+from sgl_adaspec.speculative.adaserve.plain_price import PlainPrice
+from sgl_adaspec.speculative.adaserve.plan_reuse import PlanReuse, batch_composition
 from sgl_adaspec.speculative.adaserve.planner import (
     PlanChoice,
     cost_budget,
     plan_shape,
     speculation_pays,
 )
-from sgl_adaspec.speculative.adaserve.plain_price import PlainPrice
-from sgl_adaspec.speculative.adaserve.plan_reuse import PlanReuse, batch_composition
 from sgl_adaspec.speculative.adaserve.track_record import PlanTrackRecord, load_bucket
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies.base import (
@@ -48,23 +43,23 @@ from sgl_adaspec.speculative.policies.base import (
 from sgl_adaspec.speculative.selection import Selection, expected_accepted, select_adaserve
 from sgl_adaspec.speculative.shapes import draft_rows, restrict_to_shape
 
-# Calibration outcomes between two recalibrations of the gain table's kept drafts.
+# Calibration outcomes between two recalibrations of the gain table's kept drafts:
+# recalibrating at every plan was most of a plan's time.
 GAIN_RECALIBRATION = 8
-# The gain table reads one planned draft in this many (and every other draft): the planned
-# shape runs nearly every iteration, reading each was adaserve's largest per-iteration cost,
-# and each read dates the table, so the next plan recomputes it.
+# The gain table reads one planned draft in this many (and every other draft): reading each
+# was adaserve's largest per-iteration cost.
 READ_PLANNED_EVERY = 4
-# The most an exploring draft of the full configured search may cost beyond the planned draft,
-# as a share of the planned iteration; past it the exploring draft is a chain (`_explore_shape`).
+# The most an exploring full search may cost beyond the planned draft, as a share of the
+# planned iteration; past it the exploring draft is a chain.
 EXPLORE_COST = 0.25
-# Plain iterations measured before their cheapest bounds a plain decode's price: the first,
-# right after start-up, may all be stalled, and a stalled floor stays the floor for good.
+# Plain iterations measured before their cheapest bounds a plain decode's price: the first
+# few, right after start-up, may all be stalled.
 FLOOR_MEASUREMENTS = 4
 
 
 @dataclass(frozen=True)
 class Plan:
-    """One iteration's decisions: tree shape (d, w) from the load, and the token budget B."""
+    """One iteration's tree shape (d, w) and token budget B."""
 
     depth: int
     width: int
@@ -73,41 +68,33 @@ class Plan:
 
 @dataclass
 class AdaservePolicy(PolicyBase):
-    # Plans price a plain iteration with `plain_latency`, so the verify fit skips one-node
-    # verifies: on the CPU path they run the decode attention, well under the line through tree
-    # verifies, and a window of them (every stand-down) underprices tree verifies.
+    # Plans price a plain iteration with `plain_latency`; one-node verifies (the decode
+    # attention on the CPU path) would underprice tree verifies.
     verify_fit_takes_decodes: ClassVar[bool] = False
 
     config: AdaserveConfig = field(default_factory=AdaserveConfig)
-    # Expected accepted draft tokens per draft shape and node count (calibrated), learned.
     gain: ShapeGain = field(default_factory=ShapeGain)
     _context_tokens: int = field(default=0, repr=False)
     _context_per_request: int = field(default=0, repr=False)
-    # The mode of the last draft and the counters its transitions read (`modes.next_draft`).
     draft_state: DraftState = field(init=False, repr=False)
-    # `_speculation_pays`'s answers: loads -> (inputs, answer).
-    _pays_cache: dict = field(default_factory=dict, repr=False)
-    _max_load: int = field(default=1, repr=False)  # the most requests an iteration has run
+    _pays_cache: dict = field(default_factory=dict, repr=False)  # loads -> (inputs, answer)
+    _max_load: int = field(default=1, repr=False)
     _deciding_for: int = field(default=1, repr=False)  # requests of the draft being decided
-    _last_load: int = field(default=0, repr=False)  # the last iteration's requests
+    _last_load: int = field(default=0, repr=False)
     plain_price: PlainPrice = field(default_factory=PlainPrice)
-    # Per `load_bucket`, a load a priced draft ran at (`_speculates_against_draft_floor`).
-    _draft_loads: dict = field(default_factory=dict, repr=False)
-    _blind_prefills: int = field(default=0, repr=False)  # prefills asked while it would skip
+    _draft_loads: dict = field(default_factory=dict, repr=False)  # bucket -> a priced load
+    _blind_prefills: int = field(default=0, repr=False)
     plan_reuse: PlanReuse = field(default_factory=PlanReuse, repr=False)
-    _refreshed_for: tuple | None = field(default=None, repr=False)  # gain version, recalibration
+    _refreshed_for: tuple | None = field(default=None, repr=False)  # gain version, calibration
     _reported: tuple = field(default=(None, None), repr=False)  # what stats.last_plan shows
-    # How planned speculation delivered against its plans, per `load_bucket` (the cost
-    # models' errors depend on the load), and the plan this iteration runs (None: a plain,
-    # probing, exploring or cold iteration, which no plan predicted).
+    # Per `load_bucket`: the cost models' errors depend on the load.
     records: dict[int, PlanTrackRecord] = field(default_factory=dict)
+    # The plan this iteration runs; None where no plan predicted it (plain, probe, explore, cold).
     _running_plan: PlanChoice | None = field(default=None, repr=False)
-    # For the decision log: the plan the last draft shape was chosen by, and how many of its
-    # requests were blind to the draft.
     _last_planned: PlanChoice | None = field(default=None, repr=False)
     _blind_running: int = field(default=0, repr=False)
-    _planned_drafts: int = field(default=0, repr=False)  # planned drafts decided
-    # The gain table's reading of this iteration's draft, left for `observe` (after the verify).
+    _planned_drafts: int = field(default=0, repr=False)
+    # The gain table's reading of this iteration's draft, left for `observe`, after the verify.
     _unread_draft: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -122,17 +109,8 @@ class AdaservePolicy(PolicyBase):
     def draft_shape(
         self, num_requests: int, steps: int, topk: int, slo: SloBatch | None = None
     ) -> tuple[int, int]:
-        """(d, w) of this iteration's draft, within the configured search (steps, topk).
-
-        Knee rule: eq. 8-9's shape. Cost rule: the plan's (`planner.plan_shape`; d = 0 when
-        a plain decode scores higher), except that the first iteration at each load (within
-        2x) runs plain to measure its cost, unless the plan speculates even against the
-        cheapest plain iteration measured; the full shape runs until a plan exists and in
-        probes; an exploring draft (`_explore_shape`) every `explore_interval` speculative
-        iterations keeps every shape's gain measured; a draft after a plain iteration is a
-        depth-1 chain (stale draft state). While standing down, every `probe_interval`
-        iterations (doubling while probes find it does not pay) a probe speculates twice: that
-        cold chain, then a full draft."""
+        """Within (steps, topk): eq. 8-9's shape under the knee rule, the mode machine's under
+        the cost rule."""
         if self.config.budget_rule == "knee":
             self.draft_state = replace(self.draft_state, mode=Mode.KNEE)
             depth, width = tree_shape(num_requests, self.config.tree)
@@ -158,27 +136,21 @@ class AdaservePolicy(PolicyBase):
         return draft.shape
 
     def _explore_shape(self, num_requests: int, full: tuple[int, int], planned) -> tuple[int, int]:
-        """The exploring draft, which keeps the gain of shapes beyond the planned one known (and
-        the draft's cost per step: depth-1 drafts alone cannot tell it from the fixed cost and
-        may lock the plan at depth 1): the full search no wider than the plan may choose at
-        this load (`_load_adaptive_width`), or a chain of the full depth where that costs more
-        than `EXPLORE_COST` of the planned iteration beyond the planned draft (a wide draft's
-        cost grows with the load, n * w rows per step, while a shape's gain hardly does)."""
+        """The full search no wider than the plan may choose at this load, or the full-depth
+        chain where that costs too much: a wide draft's cost grows with the load, its gain
+        hardly does."""
         full = (full[0], self._load_adaptive_width(num_requests, full[1]))
         full_ms = self._draft_ms(*full, num_requests)
         extra_ms = full_ms - self._draft_ms(planned.depth, planned.width, num_requests)
         return full if extra_ms <= EXPLORE_COST * planned.iteration_ms else (full[0], 1)
 
     def _draft_ms(self, depth: int, width: int, num_requests: int) -> float:
-        """The draft's predicted cost for a depth x width beam over `num_requests` (0 unfitted)."""
         rows = draft_rows(depth, width, num_requests)
         return self.draft_latency.predict((depth, rows)) or 0.0
 
     def _can_afford_probe(self, slo: SloBatch, planned, full: tuple[int, int], stale: bool) -> bool:
-        """A probe runs two drafts the plan expects not to pay (`_probe_cost_ms` behind a plain
-        decode for every request). It waits until no request on its SLO track has less slack
-        than that: the probe is the policy's investment, not theirs (a request already behind
-        needs the speed a probe may find, and does not block it)."""
+        """Whether every request on its SLO track has the slack a probe costs: the probe is
+        the policy's investment, not theirs. A request already behind does not block it."""
         cost_ms = self._probe_cost_ms(slo.num_requests, planned, full, stale)
         slack = slo.slack_ms
         on_track = slack >= 0
@@ -187,11 +159,8 @@ class AdaservePolicy(PolicyBase):
     def _probe_cost_ms(
         self, num_requests: int, planned, full: tuple[int, int], stale: bool
     ) -> float:
-        """What a probe's two iterations take beyond two plain decodes: the shapes it runs (a
-        cold depth-1 chain where the draft's state is stale, and the full configured search),
-        each a draft and a verify of one root plus `depth` nodes per request, with nothing
-        credited for what they may accept. Priced at the shapes run, not the plan's best one,
-        so a probe of the dearer full search never starts with less slack than it takes."""
+        """A probe's two iterations beyond two plain decodes, at the shapes it runs, with
+        nothing credited for what they may accept."""
         cost_ms = 0.0
         for depth, width in ((1, 1) if stale else full, full):
             # A plan exists, so the verify model has its fit.
@@ -206,21 +175,16 @@ class AdaservePolicy(PolicyBase):
         return self.draft_state.cold
 
     def keep_draft_warm(self) -> bool:
-        """A stand-down keeps the draft's state where speculation pays for one request alone
-        (the load a batch can shrink back to), and skips the draft extend where it does not
-        (`planner.speculation_pays`) or where the extends until the next draft cost more
-        than the cold start they spare (`_warm_pays_until_the_next_draft`); the knee rule
-        always keeps it."""
+        """Where speculation pays for one request alone (the load a batch can shrink back to),
+        unless a long stand-down's extends cost more than the cold start they spare."""
         return self.config.budget_rule == "knee" or (
             self._speculation_pays_alone() and self._warm_pays_until_the_next_draft()
         )
 
     def _warm_pays_until_the_next_draft(self) -> bool:
-        """In a long stand-down (no planned speculation for `BLIND_AFTER` x `probe_interval`
-        drafts), whether the draft extends until the next probe cost less than the one cold
-        iteration a stale draft starts with (a depth-1 chain verifying the roots alone: `_cold`).
-        A shorter stand-down, or a plain re-measurement, stays warm: the load that brings
-        speculation back may come at any iteration. Unpriced (a model unfitted): warm."""
+        """Outside a long stand-down, warm: the load that brings speculation back may come at
+        any iteration. Within one, whether the extends until the next probe cost less than the
+        one cold iteration a stale draft starts with. Unpriced: warm."""
         state = self.draft_state
         long_stand_down = state.long_without_plan(self.config.probe_interval)
         if state.mode is not Mode.STAND_DOWN or not long_stand_down:
@@ -233,17 +197,14 @@ class AdaservePolicy(PolicyBase):
             return True
         # A depth-1 chain over n roots is a draft forward over n rows: the extend's price.
         cold_ms = verify_ms + extend_ms - plain_ms
-        # Plain iterations from this one to the probe, this one included.
         due_in = max(state.probe_every - state.plain_run + 1, 1)
         return due_in * extend_ms < cold_ms
 
     def draft_prefills(self, new_requests: int) -> bool:
-        """The draft prefills new requests unless the plan has not sped up for `BLIND_AFTER` x
-        `probe_interval` iterations and the models say speculation pays at no load the server
-        has run or these requests bring (a burst after a quiet spell). Skipping saves the
-        draft's share of the prefill but blinds the request to the draft for life, so both must
-        agree. One prefill in `probe_interval` still runs the draft, so that probes have
-        requests to measure speculation on."""
+        """Skipped only after a long time without planned speculation where speculation pays at
+        no load the server has run or these requests bring: a request prefilled without the
+        draft is blind to it for life. One prefill in `probe_interval` still runs it, so that
+        probes have requests to measure."""
         if (
             self.config.budget_rule == "knee"
             or not self.draft_state.long_without_plan(self.config.probe_interval)
@@ -254,8 +215,7 @@ class AdaservePolicy(PolicyBase):
         return self._blind_prefills % self.config.probe_interval == 0
 
     def read_last_draft(self) -> None:
-        """The gain table reads the last decided draft, if it was to (`observe` calls this
-        first: after the verify, on the host)."""
+        """The gain table reads the last decided draft, if it was to, on the host."""
         if self._unread_draft is not None:
             self.gain.observe(*self._unread_draft)
             self._unread_draft = None
@@ -264,12 +224,11 @@ class AdaservePolicy(PolicyBase):
         self.read_last_draft()
         self._last_load = len(outcome.rids)
         self._max_load = max(self._max_load, self._last_load)
-        # A plain iteration that skipped the draft extend leaves the next draft stale.
         self.draft_state = self.draft_state.observed(outcome.speculated or outcome.draft_kept)
         if not outcome.speculated:
             self.plain_price.observe_plain(outcome.draft_kept)
         planned, self._running_plan = self._running_plan, None
-        if self.steady_plain(outcome) and outcome.iteration_ms > 0:  # the plain price's measure
+        if self.steady_plain(outcome) and outcome.iteration_ms > 0:
             self.plain_price.observe_steady(
                 self._last_load, outcome.context_tokens, outcome.iteration_ms
             )
@@ -291,8 +250,7 @@ class AdaservePolicy(PolicyBase):
 
     @staticmethod
     def _measured(outcome: Outcome) -> bool:
-        """Whether a speculative outcome measured what its draft returned in a steady
-        iteration's time."""
+        """A speculative outcome in a steady iteration's time."""
         return (
             outcome.speculated
             and outcome.accepted is not None
@@ -301,11 +259,9 @@ class AdaservePolicy(PolicyBase):
         )
 
     def _judge_probe(self, outcome: Outcome) -> None:
-        """A probe's measured draft (the full configured search) that committed more tokens per
-        ms than the stand-down's plan prices a plain decode at, by the switch margin, clears
-        the track record at this load: the record moves only while plans speculate, so one
-        formed under a bad fit would hold a stand-down for good. A probe that only lifts the
-        gain table (a lucky draft) leaves the record, which guards against exactly that."""
+        """A probe that beat the stand-down's plain price by the switch margin clears the
+        track record at this load: the record moves only while plans speculate, so one formed
+        under a bad fit would hold a stand-down for good."""
         stand_down = self._last_planned
         if stand_down is None or stand_down.depth > 0 or stand_down.plain_ms <= 0:
             return
@@ -327,7 +283,6 @@ class AdaservePolicy(PolicyBase):
         }
 
     def record_at(self, num_requests: int) -> PlanTrackRecord:
-        """The track record of planned speculation at this load (within 2x)."""
         bucket = load_bucket(num_requests)
         record = self.records.get(bucket)
         if record is None:  # built once per load, not on every lookup of the hot path
@@ -338,37 +293,32 @@ class AdaservePolicy(PolicyBase):
         return self.plain_price.price(self.plain_latency, num_requests, context_tokens)
 
     def _speculation_pays_alone(self) -> bool:
-        """Whether speculation beats decoding with no draft work at all, for one request alone.
-        Coming from a cold plain iteration, speculation must beat it by the plan's switch edge
-        (`record`): without it, where speculation about breaks even, the answer flips every
-        iteration and stand-downs pay a draft forward for nothing."""
+        """For one request, against a plain decode with no draft work. From a cold plain
+        iteration by the switch edge: where speculation about breaks even, the answer would
+        flip every iteration."""
         margin = self.record_at(1).required_edge(
             0.0 if self.plain_price.last_warm else self.config.switch_margin
         )
         return self._speculation_pays((1,), margin)
 
     def _speculation_pays_somewhere(self, coming_load: int) -> bool:
-        """Whether speculation beats a plain decode at some load from one request to the most
-        the server has run or `coming_load` (in steps of 2^(1/4)), with no switch edge: a
-        request prefilled without the draft stays blind to it for life, so doubt keeps the
-        draft."""
+        """At some load up to the most the server has run or `coming_load`, in steps of
+        2^(1/4), with no switch edge: doubt keeps the draft."""
         steps = math.ceil(4 * math.log2(max(self._max_load, coming_load, 1)))
         loads = sorted({round(2.0 ** (i / 4)) for i in range(steps + 1)})
         return self._speculation_pays(tuple(loads), 0.0)
 
     def _speculation_pays(self, loads: tuple[int, ...], margin: float) -> bool:
-        """Whether speculation pays at any of `loads` by `margin` (`planner.speculation_pays`,
-        cached on its inputs). The plain price is fitted over warm and cold plain iterations
-        alike: a warm one holds a draft forward over its new tokens, taken out by the share
-        of warm ones."""
-        verify = self.verify_latency
-        factors = [self.plain_price.factor(self.plain_latency, load) for load in loads]
+        """`planner.speculation_pays`, cached on its inputs. Warm plain iterations hold a draft
+        forward, taken out of the fitted plain price by their share."""
+        verify, plain = self.verify_latency, self.plain_price
+        factors = [plain.factor(self.plain_latency, load) for load in loads]
         key = (
             verify.version, self.draft_latency.version, self.gain.version,
-            self.acceptance.version, self.plain_latency.version, round(self.plain_price.warm_share, 1),
+            self.acceptance.version, self.plain_latency.version, round(plain.warm_share, 1),
             round(margin * 50), tuple(round(factor * 50) for factor in factors),
         )  # fmt: skip
-        cached = self._pays_cache.get(loads)  # one entry per set of loads asked
+        cached = self._pays_cache.get(loads)
         if cached is not None and cached[0] == key:
             return cached[1]
         context = self._context_per_request
@@ -378,7 +328,7 @@ class AdaservePolicy(PolicyBase):
             plain_ms = plain_ms * torch.tensor(factors, dtype=torch.float64)
             extend_ms = self.draft_latency.predict_tensor(1.0, n)
             if extend_ms is not None:
-                plain_ms = plain_ms - self.plain_price.warm_share * extend_ms
+                plain_ms = plain_ms - plain.warm_share * extend_ms
             plain_ms = plain_ms.clamp(min=1e-3) / (1.0 + margin)
         pays = bool(
             speculation_pays(
@@ -394,11 +344,8 @@ class AdaservePolicy(PolicyBase):
         return pays
 
     def _speculates_against_plain_floor(self, slo: SloBatch, planned) -> bool:
-        """Whether `planned` speculates, and would against the cheapest plain iteration
-        measured at any load: no batch decodes faster (a stalled measurement is dearer, not
-        cheaper), so measuring a plain decode's price at this load could not change it. Not
-        before `FLOOR_MEASUREMENTS` plain iterations are measured: a few in a stall would be
-        the floor for good, as the floor skips every later measurement."""
+        """Whether `planned` speculates even against the cheapest plain iteration measured:
+        no batch decodes faster, so a plain decode's price here could not change it."""
         if planned is None or planned.depth == 0:
             return False
         if self.plain_latency.num_observations < FLOOR_MEASUREMENTS:
@@ -411,11 +358,9 @@ class AdaservePolicy(PolicyBase):
         return self._cost_plan(slo, floor).depth > 0
 
     def _speculates_against_draft_floor(self, slo: SloBatch) -> bool:
-        """Whether, at a load whose draft cost was never measured (within 2x) but a lower
-        load's was, the plan would speculate if the draft cost no more than at the highest
-        lower load measured. A few shapes at one load cannot tell the draft's slope in rows
-        from its slope in steps, so a fit that credits the rows can overprice a draft under
-        load several times, and the plan would stand down there while probes come rarely."""
+        """At a load whose draft cost was never measured, whether the plan would speculate
+        with the draft priced as at the highest lower load measured: a fit that credits the
+        rows can overprice a draft under load several times."""
         n = slo.num_requests
         bucket = load_bucket(n)
         lower = [load for b, load in self._draft_loads.items() if b < bucket]
@@ -425,9 +370,8 @@ class AdaservePolicy(PolicyBase):
         return floor is not None and floor.depth > 0
 
     def _report(self, planned, num_requests: int, shape: tuple[int, int] | None = None) -> None:
-        """The plan (and the shape drafted, where it speculates) for /server_info, built when
-        read, with the learned inputs as they stand then: building it (the curves above all)
-        at each plan costs a tenth of adaserve's time, and /server_info reads it rarely."""
+        """Built when /server_info reads it: building it at each plan cost a tenth of
+        adaserve's time."""
         if self._reported == (id(planned), shape):
             return
         self._reported = (id(planned), shape)
@@ -437,14 +381,11 @@ class AdaservePolicy(PolicyBase):
         curve = self.gain.curve(planned.depth, planned.width)
         report = {
             **planned.as_dict(),
-            "requests": num_requests,  # the running requests it was made for
+            "requests": num_requests,
             "acceptance_curve": self.acceptance.curve(),
             "gain_curve": None if curve is None else [round(x, 3) for x in curve[:9].tolist()],
-            # Planned speculation's realized over predicted tokens per ms (`track_record`).
             "delivered_over_planned": round(self.record_at(num_requests).ratio, 3),
-            # Wall time per ms of decode iterations, prefill stalls included: the pace of needs.
             "wall_per_decode": round(self.wall_per_decode, 3),
-            # The spread of iterations' log wall time: how uncertain a request's pace is.
             "wall_spread": round(self.wall_spread, 3),
         }
         if shape is not None:
@@ -452,15 +393,9 @@ class AdaservePolicy(PolicyBase):
         return report
 
     def _cost_plan(self, slo: SloBatch, plain_ms: float | None = None, draft_scale: float = 1.0):
-        """The cost model's plan for the next draft (None until it has measurements), against
-        a plain decode at `plain_ms` (None: the fitted price at this load), with the draft
-        priced at `draft_scale` times its rows (1: as fitted). Planning costs milliseconds
-        (mostly the gain's refresh) and needs move slowly, so a plan serves up to `PLAN_REUSE`
-        iterations, whatever the models learned meanwhile, while its batch stands (`same_batch`)
-        and its inputs stay near (context within ~41 %, margin, pace and spread within a step,
-        plain price within 5 %, each model's observations within 2x). A plan that stands down
-        is reused as long on the same batch even as the plain price moves: a switch to
-        speculation waits at most `PLAN_REUSE` iterations."""
+        """The plan for the next draft (None until the models can plan), against a plain
+        decode at `plain_ms` (None: the fitted price), with the draft priced at `draft_scale`
+        times its rows; reused while it serves (`plan_reuse`)."""
         verify = self.verify_latency
         if verify.num_observations < 2 or not self.gain.known:
             return None
@@ -476,15 +411,14 @@ class AdaservePolicy(PolicyBase):
             plain_ms = self._plain_price(slo.num_requests, self._context_tokens)
         base = self.config.switch_margin if self.draft_state.plain_run > 0 else 0.0
         record = self.record_at(slo.num_requests)
-        # In steps of 2 %, so the plan cache survives the record's drift. The switch margin is
-        # the batch's to clear; a guarded group's own guard is the record's edge alone.
+        # Steps of 2 % (5 % for the pace and spread) let a plan survive the inputs' drift. The
+        # switch margin is the batch's to clear; a guarded group's own guard is the record's.
         margin = round(record.required_edge(base) * 50) / 50
         guard_margin = round(record.required_edge(0.0) * 50) / 50
-        pace = round(self.wall_per_decode * 20) / 20  # in steps of 5 %, as the margin
+        pace = round(self.wall_per_decode * 20) / 20
         spread = round(self.wall_spread * 20) / 20
-        # No fit's version: fits move every iteration, and re-planning on each is too dear.
-        # Observation counts stand for a model's first fits. A surprise (`LinearLatency.surprises`:
-        # a pass larger than any held, priced wrong) is news: plans on that fit are not reused.
+        # Keyed on observation counts, not fit versions: fits move every iteration. A surprise
+        # (a pass larger than any held, priced wrong) is news.
         models = (verify, self.draft_latency, self.plain_latency)
         key = (
             tuple(int(math.log2(1 + model.num_observations)) for model in models),
@@ -503,8 +437,6 @@ class AdaservePolicy(PolicyBase):
     def _plan(self, slo, plain_ms, draft_scale, margin, guard_margin, pace, spread):
         verify = self.verify_latency
         verify.coefficients(), self.draft_latency.coefficients()  # refit first where due
-        # Kept drafts are recalibrated every GAIN_RECALIBRATION outcomes, not at every plan: the
-        # calibration's sums span ~50 outcomes, and recalibrating was most of a plan's time.
         fit = self.acceptance.version // GAIN_RECALIBRATION
         if self._refreshed_for != (self.gain.version, fit):
             self._refreshed_for = (self.gain.version, fit)
@@ -528,9 +460,8 @@ class AdaservePolicy(PolicyBase):
         )
 
     def _load_adaptive_width(self, num_requests: int, widest: int) -> int:
-        """Eq. 9's beam width at `num_requests`, clipped at `widest` (the configured search's
-        width, or the widest the gain table reads) rather than the knee rule's W_max: under
-        light load every width the draft can run stays a choice."""
+        """Eq. 9's width clipped at `widest`, not the knee rule's W_max: under light load every
+        width the draft can run stays a choice."""
         tree = dataclasses.replace(self.config.tree, max_width=max(widest, 1))
         return beam_width(max(num_requests, 1), tree)
 
@@ -549,21 +480,18 @@ class AdaservePolicy(PolicyBase):
         context_tokens: int = 0,
         draft_width: int | None = None,
     ) -> tuple[Selection, torch.Tensor, Plan, float | None]:
-        """Returns the selection, A(r) [B] it was computed for (0 for requests served best
-        effort, see `infeasible`), the plan it followed, and the accepted draft tokens the
-        calibration expects of the selection (None under the knee rule, which reads raw f)."""
+        """The selection, A(r) [B] it was computed for (0: served best effort), the plan it
+        followed, and the accepted draft tokens the calibration expects of it (None under the
+        knee rule)."""
         plan = self.plan(cands)
         if self.config.budget_rule == "cost":
             # The draft already ran at its own shape: select within it.
             depth = draft_steps if draft_steps is not None else int(cands.max_depth.max())
             plan = Plan(depth, draft_width or plan.width, plan.budget)
         shaped = restrict_to_shape(cands, plan.depth, plan.width)
-        # What the throughput phase ranks by (f' alone under the knee rule); the gain table
-        # pools each draft by it too.
         weight = self._rank_weight(slo) if self.config.budget_rule == "cost" else None
         if self.config.budget_rule == "cost":
-            # float64 for the prediction the outcome carries (`Decision.predicted_accepted`), the
-            # draft's dtype for the selection.
+            # float64 for the outcome's prediction, the draft's dtype for the selection.
             exact = self.acceptance.apply(shaped.path_prob.double())
             calibrated = exact.to(shaped.path_prob.dtype)
             on_plan = self.draft_state.mode is Mode.PLANNED
@@ -572,8 +500,7 @@ class AdaservePolicy(PolicyBase):
             if not self.draft_state.cold and (
                 not on_plan or self._planned_drafts % READ_PLANNED_EVERY == 0
             ):
-                # Read on the host after the verify (`observe`): the plans it feeds are made
-                # before the next draft, and before the verify it would wait on the device.
+                # Read after the verify: before it, the read would wait on the device.
                 groups = slo_group_keys(slo.tpot_slo_ms)
                 self._unread_draft = (shaped, plan.depth, plan.width, groups, weight)
             sunk_ms = self._draft_ms(plan.depth, plan.width, cands.num_requests)
@@ -586,10 +513,9 @@ class AdaservePolicy(PolicyBase):
             )
             if budget is not None:  # a 0-d tensor on the draft's device
                 plan = Plan(plan.depth, plan.width, budget.clamp(max=plan.budget))
-            # A(r) counts accepted tokens: the SLO phase reads calibrated f' as well.
             shaped = shaped.with_path_prob(calibrated)
         # The cost rule asks A(r) for the wall time until the next iteration, prefill stalls
-        # included; the knee rule keeps the paper's (one iteration).
+        # included; the knee rule for one iteration, as the paper.
         pace = self.wall_per_decode if self.config.budget_rule == "cost" else 1.0
         required = required_tokens(slo, (self.t_spec_ms or 0.0) * pace)
         required = torch.where(self.infeasible(slo, plan), 0.0, required)
@@ -598,8 +524,8 @@ class AdaservePolicy(PolicyBase):
             required = torch.where(beyond_reach(shaped, required), 0.0, required)
         n_max = self.config.max_nodes_per_request
         if n_max is None and self.config.budget_rule == "cost":
-            # As AdaServe's public code: the SLO phase gives one request at most ~1.2 B / n
-            # nodes, so a request whose tree cannot reach A(r) does not drain the budget.
+            # As AdaServe's public code: a request whose tree cannot reach A(r) does not drain
+            # the budget.
             n = cands.num_requests
             spare = (torch.as_tensor(plan.budget, dtype=torch.float64) - n).clamp(min=0.0)
             n_max = torch.ceil(1.2 * spare / n).long()
@@ -624,18 +550,15 @@ class AdaservePolicy(PolicyBase):
         )  # fmt: skip
 
     def _rank_weight(self, slo: SloBatch) -> torch.Tensor | None:
-        """[B] the weight the throughput phase ranks each request's nodes by (f' x weight),
-        None for f' alone. The gain table pools by it too, so the plan expects what the
-        selection will verify."""
+        """[B] what the throughput phase ranks nodes by besides f' (None: f' alone); the gain
+        table pools by it too, so the plan expects what the selection verifies."""
         if self.config.lead_floor >= 1.0:
             return None
         return lead_weight(slo, self.config.lead_scale, self.config.lead_floor)
 
     def infeasible(self, slo: SloBatch, plan: Plan) -> torch.Tensor:
-        """[B] bool: requests whose TPOT SLO cannot be met even alone, i.e. even if every
-        iteration (at the current latency t_spec) committed the most a depth-d tree can give,
-        d + 1 tokens. They are served best effort so they never take the budget from requests
-        that can still be helped (AdaServe 4.3)."""
+        """[B] bool: requests whose SLO no depth-d tree could meet even alone, served best
+        effort so they do not take the budget from those it can help (AdaServe 4.3)."""
         if self.t_spec_ms is None:
             return torch.zeros_like(slo.has_slo)
         best_tpot_ms = self.t_spec_ms / (plan.depth + 1)
@@ -643,12 +566,9 @@ class AdaservePolicy(PolicyBase):
 
 
 def beyond_reach(cands: Candidates, required: torch.Tensor) -> torch.Tensor:
-    """[B] bool: requests whose whole candidate tree, accepted as its f' expects, commits fewer
-    than the A(r) [B] that would put them back on their SLO track this iteration. The cost
-    rule serves them in the throughput phase only, this iteration: AdaServe's SLO phase visits
-    the most-behind first and caps A(r) at d + 1, so under overload requests too far behind
-    to catch up would take the budget ahead of those it could keep on track, and more would
-    fall behind. At light load no request falls that far behind, and nothing changes."""
+    """[B] bool: requests whose whole tree, accepted as f' expects, commits less than A(r).
+    The SLO phase visits the most-behind first: under overload, requests too far behind would
+    take the budget from those it could keep on track."""
     return required > expected_accepted(cands, cands.valid)
 
 
