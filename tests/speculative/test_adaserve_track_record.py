@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from test_cost_rule import drafted, slo, speculating_policy
+from adaserve_inputs import drafted, slo, speculating_policy
 
 from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
 from sgl_adaspec.speculative.adaserve.policy import AdaservePolicy
