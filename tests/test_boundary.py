@@ -17,6 +17,7 @@ PLATFORM = ADAPTERS / "platform"
 PURE_MODULES = (
     "sgl_adaspec.speculative.driver",
     "sgl_adaspec.speculative.policies",
+    "sgl_adaspec.speculative.adaserve.policy",
     "sgl_adaspec.scheduler.slo",
     "sgl_adaspec.scheduler.dp_dispatch",
     "sgl_adaspec.sim.engine",

@@ -24,8 +24,8 @@ import numpy as np
 
 from sgl_adaspec.sim.experiments import SweepConfig, SweepSetup, mean_summary
 from sgl_adaspec.sim.policies import adaserve_sim
-from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
-from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig
+from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
+from sgl_adaspec.speculative.adaserve.knee_shape import AdaptiveTreeConfig
 
 GRID_METRIC = "adaserve_grid_best_attainment"
 
@@ -128,7 +128,9 @@ def grid_main(config: SweepConfig, axes: GridAxes = GridAxes()) -> dict:
             f"defaults (B = knee = {grid['knee_budget']}, B1 = B, B2 = 64): mean attainment "
             f"{default['attainment']:.3f} at {rates} req/s"
         )
-    print(f"best: {GridPoint(**_point(best)).flags()}: mean attainment {best['attainment']:.3f} "
-          f"at {rates} req/s ({time.perf_counter() - started:.0f} s; wrote {path})")
+    print(
+        f"best: {GridPoint(**_point(best)).flags()}: mean attainment {best['attainment']:.3f} "
+        f"at {rates} req/s ({time.perf_counter() - started:.0f} s; wrote {path})"
+    )
     print(f"{GRID_METRIC}={best['attainment']:.3f}")
     return grid

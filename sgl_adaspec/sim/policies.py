@@ -30,9 +30,10 @@ import torch
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.sim.trees import SampledTrees
+from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
+from sgl_adaspec.speculative.adaserve.policy import AdaservePolicy
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.policies import SHAPING_POLICIES, build_policy
-from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
 from sgl_adaspec.speculative.driver import IterationDriver, VerifyResult
 from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase
 from sgl_adaspec.speculative.selection import select_static

@@ -66,6 +66,12 @@ def beams_of_widths(
     return kept
 
 
+def draft_rows(depth: int | torch.Tensor, width: int | torch.Tensor, requests: int):
+    """Tokens through the draft forwards of a depth x width beam for `requests` requests: the
+    first step over each root, each later one over the n * w frontier."""
+    return requests * (1 + (depth - 1) * width)
+
+
 def selection_from_mask(mask: torch.Tensor, slo_mask: torch.Tensor | None = None) -> Selection:
     """A Selection of the nodes in `mask` [B, N] bool (closed under parent: the caller's
     duty); `slo_mask` marks the ones chosen for an SLO (default none)."""
@@ -96,7 +102,9 @@ def chain_positions(cands: Candidates) -> tuple[torch.Tensor, torch.Tensor]:
     return nodes, cond
 
 
-def chain_prefix_mask(cands: Candidates, nodes: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def chain_prefix_mask(
+    cands: Candidates, nodes: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
     """[B, N] bool: the first lengths[r] nodes of each request's chain `nodes` [B, D]
     (as `chain_positions` returns it)."""
     depth_index = torch.arange(nodes.shape[1], device=nodes.device).unsqueeze(0)  # [1, D]

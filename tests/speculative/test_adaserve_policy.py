@@ -9,9 +9,10 @@ import torch
 
 from sgl_adaspec.scheduler.request_slo import RequestSlo
 from sgl_adaspec.scheduler.slo import SloBatch
-from sgl_adaspec.speculative.adaptive import AdaptiveTreeConfig
+from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
+from sgl_adaspec.speculative.adaserve.knee_shape import AdaptiveTreeConfig
+from sgl_adaspec.speculative.adaserve.policy import AdaservePolicy
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
 from sgl_adaspec.speculative.policies.base import make_outcome
 from sgl_adaspec.speculative.shapes import restrict_to_shape
 from sgl_adaspec.speculative.stats import SpecStats

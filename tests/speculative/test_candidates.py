@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-import sgl_adaspec.speculative.cost_rule as cost_rule
+import sgl_adaspec.speculative.adaserve.gain_table as gain_table
+from sgl_adaspec.speculative.adaserve.gain_table import ShapeGain
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.cost_rule import ShapeGain
 
 
 def tree(parents: list[list[int]], valid: list[list[bool]] | None = None) -> Candidates:
@@ -82,7 +82,7 @@ def test_gain_table_is_the_same_in_chunks(monkeypatch, chunk_nodes):
     size gives the table and group tables of one call for all of them, bit for bit."""
 
     def table(chunk: int) -> tuple[torch.Tensor, dict]:
-        monkeypatch.setattr(cost_rule, "GAIN_CHUNK_NODES", chunk)
+        monkeypatch.setattr(gain_table, "GAIN_CHUNK_NODES", chunk)
         rng = random.Random(3)
         gain = ShapeGain(max_nodes=6, drafts=4)
         for draft in range(5):

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
+from sgl_adaspec.speculative.adaserve.policy import AdaservePolicy
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.host_reads import HostReadCounter, on_device
-from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
 from sgl_adaspec.speculative.policies.base import IterationInput
 
 FIELDS = ("tokens", "parents", "path_prob", "valid")
@@ -58,9 +59,7 @@ SLO_MIXES = {
 
 @pytest.mark.parametrize("mix", SLO_MIXES)
 @pytest.mark.parametrize("lead_floor, fitted", [(1.0, True), (0.3, True), (0.3, False)])
-def test_the_decision_reads_nothing_of_the_draft_and_matches_the_host_one(
-    mix, lead_floor, fitted
-):
+def test_the_decision_reads_nothing_of_the_draft_and_matches_the_host_one(mix, lead_floor, fitted):
     rng = random.Random(f"{mix}-{lead_floor}-{fitted}")
     policy = warmed_policy(fitted, lead_floor=lead_floor)
     for trial in range(6):

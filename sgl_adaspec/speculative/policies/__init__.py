@@ -22,8 +22,8 @@ class PolicySpec:
     # Whether SLO-aware admission (`scheduler/admission.py`) is on unless --slo-admission says.
     slo_admission_by_default: bool = False
     # The policy's config dataclass (its flags) and the policy, built as Policy(Config(...)):
-    # "module:Class" in this package (imported when first asked for), or the class. None: a
-    # policy without an implementation here (static).
+    # "module:Class" in this package or "sgl_adaspec.<path>:Class" (imported when first asked
+    # for), or the class. None: a policy without an implementation here (static).
     config: str | type | None = None
     policy: str | type | None = None
 
@@ -38,7 +38,9 @@ def _load(path: str | type | None) -> type | None:
     if path is None or isinstance(path, type):
         return path
     module, name = path.split(":")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    if not module.startswith("sgl_adaspec."):
+        module = f"{__name__}.{module}"
+    return getattr(importlib.import_module(module), name)
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -50,8 +52,8 @@ POLICIES: dict[str, PolicySpec] = {
             "SLO-customized draft trees plus a throughput-optimized global top-k under a budget",
             needs_speculation=True,
             slo_admission_by_default=True,
-            config="adaserve:AdaserveConfig",
-            policy="adaserve:AdaservePolicy",
+            config="sgl_adaspec.speculative.adaserve.config:AdaserveConfig",
+            policy="sgl_adaspec.speculative.adaserve.policy:AdaservePolicy",
         ),
         PolicySpec(
             "adaspec",

@@ -30,10 +30,10 @@ import torch
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.cost_rule import draft_rows
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan
 from sgl_adaspec.speculative.latency import LinearLatency, VerifyLatency
 from sgl_adaspec.speculative.selection import Selection
+from sgl_adaspec.speculative.shapes import draft_rows
 from sgl_adaspec.speculative.stats import SpecStats
 
 # Plain iterations in a row that price a plain decode even if none was steady (`observe`).
@@ -239,7 +239,7 @@ class PolicyBase:
     verify_latency: VerifyLatency = field(default_factory=VerifyLatency)
     draft_step_ms: float | None = None
     # What a speculative iteration costs besides the verify pass, vs (draft steps, draft rows:
-    # `cost_rule.draft_rows`): draft forwards, draft extend, tree building, the scheduler's
+    # `shapes.draft_rows`): draft forwards, draft extend, tree building, the scheduler's
     # work; the intercept is the fixed price of speculating.
     draft_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
     # A whole iteration without speculation vs requests n (the verify model's shape), measured

@@ -1,10 +1,11 @@
-"""AdaServe eq. 8-9: tree depth and beam width from the number of running requests."""
+"""The knee rule's tree shape (AdaServe eq. 8-9, `adaserve.knee_shape`): tree depth and beam
+width from the number of running requests."""
 
 from __future__ import annotations
 
 import pytest
 
-from sgl_adaspec.speculative.adaptive import (
+from sgl_adaspec.speculative.adaserve.knee_shape import (
     AdaptiveTreeConfig,
     beam_width,
     tree_depth,
@@ -32,8 +33,13 @@ def test_default_width(num_requests, width):
 
 def test_custom_config():
     config = AdaptiveTreeConfig(
-        verify_tokens_per_step=100, draft_tokens_per_step=30, depth_offset=3, width_offset=2,
-        min_depth=2, max_depth=6, max_width=5,
+        verify_tokens_per_step=100,
+        draft_tokens_per_step=30,
+        depth_offset=3,
+        width_offset=2,
+        min_depth=2,
+        max_depth=6,
+        max_width=5,
     )
     # depth: floor(100 / (n + 3)) - 1 -> n=7: 9 -> 6 (cap); n=17: 4; n=47: 1 -> 2 (floor)
     assert [tree_depth(n, config) for n in (7, 17, 47)] == [6, 4, 2]

@@ -1,18 +1,10 @@
-"""AdaServe's adaptive tree shape: draft depth d and beam width w from the batch size n (eq. 8, 9).
+"""The knee rule's tree shape (AdaServe eq. 8-9): depth and beam width from the batch size n.
 
-    d = clip(floor(B1 / (n + c1)) - 1, D_min, D_max)
-    w = clip(floor(B2 / n) + c2, 1, W_max)
+    d = clip(floor(B1 / (n + c1)) - 1, D_min, D_max)    w = clip(floor(B2 / n) + c2, 1, W_max)
 
-B1 / B2: tokens per step the verifier / the speculator may process for the whole batch. The
-depth rule keeps a request's chain (d draft tokens + its root) within its share B1 / (n + c1)
-of the verify budget, so deep trees that would mostly be cut by selection are not drafted; the
-width rule keeps the n * w tokens of each draft step within B2. Under light load both grow to
-their caps, under heavy load they shrink to D_min and 1.
-
-The paper gives no values for B1, B2, c1, c2 (found by grid search); the defaults below are a
-starting point for small CPU/GPU batches: with B1 = 256, c1 = 0 the depth is 8 up to n = 28
-and reaches D_min = 1 from n = 86; with B2 = 64, c2 = 0 the width is 4 up to n = 16 and 1 from
-n = 33. Tune them with the cost model (B1 near the verify-cost knee).
+B1 / B2: tokens per step the verifier / the draft may process for the batch. The paper gives
+no values (grid search); the defaults suit small batches (depth 8 up to n = 28, width 4 up to
+n = 16).
 """
 
 from __future__ import annotations
@@ -37,7 +29,6 @@ class AdaptiveTreeConfig:
                 f"{self.verify_tokens_per_step} and {self.draft_tokens_per_step}"
             )
         if self.depth_offset < 0:
-            # n + c1 must stay positive for every n >= 1.
             raise ValueError(f"depth_offset (c1) must be >= 0, got {self.depth_offset}")
         if not 1 <= self.min_depth <= self.max_depth:
             raise ValueError(
@@ -57,19 +48,18 @@ def _check_num_requests(num_requests: int) -> None:
 
 
 def tree_depth(num_requests: int, config: AdaptiveTreeConfig) -> int:
-    """Eq. 8: d = clip(floor(B1 / (n + c1)) - 1, D_min, D_max)."""
+    """Eq. 8."""
     _check_num_requests(num_requests)
     share = config.verify_tokens_per_step // (num_requests + config.depth_offset)
     return _clip(share - 1, config.min_depth, config.max_depth)
 
 
 def beam_width(num_requests: int, config: AdaptiveTreeConfig) -> int:
-    """Eq. 9: w = clip(floor(B2 / n) + c2, 1, W_max)."""
+    """Eq. 9."""
     _check_num_requests(num_requests)
     share = config.draft_tokens_per_step // num_requests
     return _clip(share + config.width_offset, 1, config.max_width)
 
 
 def tree_shape(num_requests: int, config: AdaptiveTreeConfig) -> tuple[int, int]:
-    """(depth, width) for a batch of `num_requests` running requests."""
     return tree_depth(num_requests, config), beam_width(num_requests, config)

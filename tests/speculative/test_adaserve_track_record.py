@@ -3,20 +3,22 @@ the edge over a plain decode it makes a plan need."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
-from test_cost_rule import drafted, slo, speculating_policy
+from adaserve_inputs import drafted, slo, speculating_policy
 
-from sgl_adaspec.speculative.policies.adaserve import AdaserveConfig, AdaservePolicy
-from sgl_adaspec.speculative.policies.base import Outcome, make_outcome
-from sgl_adaspec.speculative.track_record import (
+from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
+from sgl_adaspec.speculative.adaserve.policy import AdaservePolicy
+from sgl_adaspec.speculative.adaserve.track_record import (
     MIN_RECORD,
     PRICE_SPAN,
     PlanTrackRecord,
     PriceRecord,
 )
+from sgl_adaspec.speculative.policies.base import Outcome, make_outcome
 
 
 def test_record_is_neutral_until_it_has_seen_enough():
@@ -200,7 +202,7 @@ def test_from_a_plain_run_the_plan_asks_the_switch_margin_of_the_batch_and_the_r
     """The margins the policy hands its plan: from a plain iteration, the record's edge over
     the switch margin (the batch's to clear) and the record's edge alone (each guarded
     group's); while speculating, the record's edge for both."""
-    from sgl_adaspec.speculative.policies import adaserve
+    from sgl_adaspec.speculative.adaserve import policy as adaserve
 
     asked = []
 
@@ -215,8 +217,8 @@ def test_from_a_plain_run_the_plan_asks_the_switch_margin_of_the_batch_and_the_r
     for _ in range(4):  # past MIN_RECORD decayed iterations
         record.observe(10.0, 10.0, 5.0, 10.0)  # delivered half the plan
     drafted(policy, 1, 4, 2, slo([math.nan]))
-    policy._plain_run = 1  # as after a plain iteration
-    policy._plan_cache.clear()
+    policy.draft_state = dataclasses.replace(policy.draft_state, plain_run=1)  # after a plain one
+    policy.plan_reuse.plans.clear()
     drafted(policy, 1, 4, 2, slo([math.nan]))
     # 1 / 0.5 - 1 = 1.0; 1.1 / 0.5 - 1 = 1.2.
     assert asked == [(1.0, 1.0), (1.2, 1.0)]

@@ -1,12 +1,7 @@
-"""How planned speculation delivered against its plan: the realized tokens per ms of the
-iterations that ran a cost plan's shape, over what the plan predicted for them
-(`PlanTrackRecord`); and how a fitted price held at one load (`PriceRecord`).
-
-The plan's inputs are estimates (the gain table of a few recent drafts, the fitted draft and
-verify costs). Where they are sound the ratio stays near 1; where they are not -- on a CPU, a
-probe's lucky draft lifts the gain table and the next plans speculate at a 10 % predicted edge
-that turns out a loss -- the ratio falls, and speculation must then beat a plain decode by what
-it has been falling short (`required_edge`). Pure: numbers in, numbers out.
+"""How planned speculation delivered against its plans (`PlanTrackRecord`), and how a fitted
+price held at one load (`PriceRecord`). A plan's inputs are estimates: where they fall short
+(a probe's lucky draft lifting the gain table), speculation must beat a plain decode by what
+it has been falling short.
 """
 
 from __future__ import annotations
@@ -16,7 +11,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# Weight of the past per planned iteration: the record spans about 1 / (1 - decay) of them.
+
+def load_bucket(num_requests: int) -> int:
+    """Loads within 2x share a bucket: 1, 2-3, 4-7, 8-15, ..."""
+    return max(num_requests, 1).bit_length()
+
+
+# Weight of the past per planned iteration.
 RECORD_DECAY = 0.85
 # Planned iterations before the record speaks: one outcome is mostly the acceptance's noise.
 MIN_RECORD = 3.0
@@ -24,8 +25,8 @@ MIN_RECORD = 3.0
 
 @dataclass
 class PlanTrackRecord:
-    """Decayed sums over planned speculative iterations of the committed tokens and wall time,
-    realized and predicted."""
+    """Decayed sums of planned iterations' committed tokens and wall time, realized and
+    predicted."""
 
     decay: float = RECORD_DECAY
     weight: float = 0.0  # decayed count of observed iterations
@@ -37,8 +38,6 @@ class PlanTrackRecord:
     def observe(
         self, predicted_tokens: float, predicted_ms: float, tokens: float, ms: float
     ) -> None:
-        """One planned iteration: committed tokens (the batch's, bonus included) and wall time,
-        as the plan predicted them and as they came."""
         if min(predicted_tokens, predicted_ms, tokens, ms) < 0 or predicted_ms == 0 or ms == 0:
             raise ValueError(
                 f"track record needs non-negative tokens and positive times, got predicted "
@@ -59,9 +58,7 @@ class PlanTrackRecord:
         return (self.tokens / self.ms) / (self.predicted_tokens / self.predicted_ms)
 
     def required_edge(self, margin: float) -> float:
-        """The margin a plan must beat a plain decode by, given the base `margin`: a plan whose
-        speculation has delivered `ratio` < 1 of its prediction must predict 1 / ratio more.
-        A record above 1 lowers nothing (the promise is never to be slower than plain)."""
+        """A record below 1 asks 1 / ratio more; one above 1 lowers nothing."""
         return (1.0 + margin) / min(self.ratio, 1.0) - 1.0
 
 
@@ -71,11 +68,9 @@ PRICE_SPAN = 8
 
 @dataclass
 class PriceRecord:
-    """The last PRICE_SPAN measurements at one load of what a fitted price prices, to tell how
-    the fit holds there. A plain decode's price is a line fitted over every load the server
-    ran, and a few dear iterations at loads a batch passes through (its requests arriving or
-    finishing beside the tokenizer and the client) lift the line at every other load, and
-    the plan would speculate there on an edge that is not real."""
+    """The last PRICE_SPAN measurements at one load: a few dear iterations at loads a batch
+    passes through lift the fitted line at every load, an edge for speculation that is not
+    real."""
 
     measured: deque = field(default_factory=lambda: deque(maxlen=PRICE_SPAN))
     count: int = 0  # measurements ever made: names the record's state
@@ -87,9 +82,8 @@ class PriceRecord:
         self.count += 1
 
     def factor(self, predict: Callable[[tuple[float, ...]], float | None]) -> float:
-        """The median of measured over what `predict` prices each measurement at (the fit as
-        it stands: one that has learned these measurements too is not corrected twice; the
-        median, so one stalled iteration does not move it); 1.0 until MIN_RECORD are in."""
+        """The median of measured over predicted, so one stall does not move it; 1.0 until
+        MIN_RECORD are in."""
         if len(self.measured) < MIN_RECORD:
             return 1.0
         ratios = []
