@@ -29,7 +29,7 @@ def iteration_line(outcome: Outcome, account: dict, wall_time_s: float, dp_rank:
         "time_s": round(wall_time_s, 4),
         "dp_rank": dp_rank,
         "requests": len(outcome.rids),
-        "draft": [outcome.draft_steps, outcome.draft_width],
+        "draft": [outcome.draft_depth, outcome.draft_width],
         "verified": int(outcome.verified.sum()),
         "committed": accepted,
         "iteration_ms": round(outcome.iteration_ms, 3),

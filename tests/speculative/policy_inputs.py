@@ -13,8 +13,8 @@ from sgl_adaspec.speculative.policies.base import IterationInput
 
 def iteration_input(
     cands: Candidates,
-    draft_steps: int,
-    draft_topk: int = 1,
+    draft_depth: int,
+    draft_width: int = 1,
     tpot_slo_ms: list[float] | None = None,
     context_len: int = 100,
     history: tuple[list[int], ...] | None = None,
@@ -33,7 +33,7 @@ def iteration_input(
         slo=slo,
         rids=tuple(f"r{i}" for i in range(bsz)),
         context_lens=torch.full((bsz,), context_len, dtype=torch.int64),
-        draft_steps=draft_steps,
-        draft_topk=draft_topk,
+        draft_depth=draft_depth,
+        draft_width=draft_width,
         history=history,
     )

@@ -246,7 +246,7 @@ def test_the_decision_carries_the_calibrations_prediction_that_observe_would_com
     # A calibration that is not the identity: f .9 / .7 accepted, .8 / .6 not.
     f = torch.tensor([[0.9, 0.8, 0.7, 0.6]], dtype=torch.float64)
     policy.acceptance.observe(f, torch.tensor([[True, False, True, False]]))
-    it = iteration_input(two_chains(), draft_steps=4, tpot_slo_ms=[10.0, 50.0])
+    it = iteration_input(two_chains(), draft_depth=4, tpot_slo_ms=[10.0, 50.0])
     decision = policy.decide(it)
     outcome = make_outcome(
         it, decision, rids=it.rids, context_tokens=200, accepted=torch.tensor([3, 2]),

@@ -65,7 +65,7 @@ def spec_outcome(accepted: int, iteration_ms: float, after_prefill: bool = False
     return Outcome(
         rids=("r0",), verified=torch.tensor([3]), accepted=torch.tensor([accepted]),
         verified_f=None, accepted_nodes=None, verify_ms=10.0, iteration_ms=iteration_ms,
-        context_tokens=10, draft_steps=2, draft_width=1, budget=3, depth=2, width=1,
+        context_tokens=10, draft_depth=2, draft_width=1, budget=3, depth=2, width=1,
         after_prefill=after_prefill,
     )  # fmt: skip
 

@@ -200,8 +200,8 @@ def chains(*probs: list[float], extra_branch: bool = False) -> Candidates:
     )
 
 
-def iteration(cands: Candidates, tpot: list[float], draft_steps: int = 2) -> IterationInput:
-    return iteration_input(cands, draft_steps, tpot_slo_ms=tpot)
+def iteration(cands: Candidates, tpot: list[float], draft_depth: int = 2) -> IterationInput:
+    return iteration_input(cands, draft_depth, tpot_slo_ms=tpot)
 
 
 def fitted_policy(config: AdaspecPolicyConfig | None = None) -> AdaspecPolicy:
@@ -240,7 +240,7 @@ def test_cost_table_matches_the_latency_model():
 
 def test_without_measurements_every_chain_token_is_verified():
     cands = chains([0.9, 0.8, 0.1], [0.3, 0.2, 0.1], extra_branch=True)
-    decision = AdaspecPolicy().decide(iteration(cands, [1.0, INF], draft_steps=2))
+    decision = AdaspecPolicy().decide(iteration(cands, [1.0, INF], draft_depth=2))
     # Chains cut at the draft's 2 steps; the sibling branch (node 3) is never selected.
     assert decision.selection.mask.tolist() == [[True, True, False, False]] * 2
     assert (decision.depth, decision.width, decision.budget) == (2, 1, 6)
@@ -303,7 +303,7 @@ def test_selection_is_a_closed_chain_and_deterministic(seed):
         policy.observe_verify(verify_ms, 5, 500)
         policy.observe_iteration(verify_ms + 3.0, 3)  # 1 ms per draft step
         assert policy.draft_step_ms == pytest.approx(1.0)
-        decisions.append(policy.decide(iteration(cands, tpot, draft_steps=4)))
+        decisions.append(policy.decide(iteration(cands, tpot, draft_depth=4)))
     first, second = decisions
     assert torch.equal(first.selection.mask, second.selection.mask)
     assert torch.equal(first.infeasible, second.infeasible)

@@ -47,9 +47,9 @@ def wide_tree() -> Candidates:
 
 
 def iteration(
-    cands: Candidates, draft_steps: int, draft_topk: int = 1, history=None
+    cands: Candidates, draft_depth: int, draft_width: int = 1, history=None
 ) -> IterationInput:
-    return iteration_input(cands, draft_steps, draft_topk, history=history)
+    return iteration_input(cands, draft_depth, draft_width, history=history)
 
 def outcome(policy: DropinPolicy, *accepted: int) -> None:
     """Report SGLang accept lengths (bonus included) for requests r0, r1, ..."""
@@ -175,9 +175,9 @@ def test_full_acceptance_of_a_shallow_tree_is_not_a_rejection():
 def test_windows_are_applied_as_tree_depth_per_request():
     policy = DropinPolicy(DropinConfig(variant=DropinVariant.FSM))
     cands = wide_tree()
-    policy.decide(iteration(cands, 3, draft_topk=2))
+    policy.decide(iteration(cands, 3, draft_width=2))
     outcome(policy, 1, 4)  # r0: V = 0 -> window 2; r1: V = 3 of 3 -> stays 3
-    decision = policy.decide(iteration(cands, 3, draft_topk=2))
+    decision = policy.decide(iteration(cands, 3, draft_width=2))
     expected = torch.stack(
         [
             restrict_to_shape(cands, 2, 2).valid[0],
@@ -273,7 +273,7 @@ def test_draft_shape_is_one_step_deeper_than_the_deepest_window():
     policy = DropinPolicy(DropinConfig(variant=DropinVariant.FSM))
     assert policy.draft_shape(2, 4, 2) == (4, 2)  # no request yet: the configured search
     cands = wide_tree()
-    policy.decide(iteration(cands, 3, draft_topk=2))
+    policy.decide(iteration(cands, 3, draft_width=2))
     outcome(policy, 1, 1)  # both rejected at once: windows 3 -> 2
     assert policy.draft_shape(2, 4, 2) == (3, 2)
     policy.forget("r0")

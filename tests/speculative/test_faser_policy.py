@@ -47,30 +47,30 @@ def chain_and_fan() -> Candidates:
     )
 
 
-def iteration(rids: tuple[str, ...], cands: Candidates, draft_steps: int) -> IterationInput:
+def iteration(rids: tuple[str, ...], cands: Candidates, draft_depth: int) -> IterationInput:
     bsz = len(rids)
     slo = SloBatch(
         tpot_slo_ms=torch.full((bsz,), math.nan, dtype=torch.float64),
         decode_elapsed_ms=torch.zeros(bsz, dtype=torch.float64),
         tokens_out=torch.zeros(bsz),
     )
-    return IterationInput(cands, slo, rids, torch.full((bsz,), 100), draft_steps, 1)
+    return IterationInput(cands, slo, rids, torch.full((bsz,), 100), draft_depth, 1)
 
 
-def run(policy: FaserPolicy, rids: tuple[str, ...], accept, steps: int, draft_steps: int = 5,
+def run(policy: FaserPolicy, rids: tuple[str, ...], accept, steps: int, draft_depth: int = 5,
         ms_per_token: float = 2.0) -> list[list[int]]:
     """Drive the adapter's loop `steps` times. accept(rid, s) -> draft tokens accepted; verify
     latency 10 + ms_per_token * verified tokens. Returns each iteration's lengths."""
     history = []
     for _ in range(steps):
-        decision = policy.decide(iteration(rids, chains(len(rids), draft_steps), draft_steps))
+        decision = policy.decide(iteration(rids, chains(len(rids), draft_depth), draft_depth))
         lengths = decision.selection.counts.tolist()
         verified = torch.tensor(lengths) + 1
         verify_ms = 10.0 + ms_per_token * float(verified.sum())
         policy.observe_verify(verify_ms, int(verified.sum()), 100 * len(rids))
         accepted = torch.tensor([accept(r, s) + 1 for r, s in zip(rids, lengths)])  # + bonus
         policy.observe_outcome(rids, verified, accepted)
-        policy.observe_iteration(verify_ms + DRAFT_MS * draft_steps, draft_steps)
+        policy.observe_iteration(verify_ms + DRAFT_MS * draft_depth, draft_depth)
         history.append(lengths)
     return history
 
@@ -226,7 +226,7 @@ def test_early_exit_plan_carries_the_expected_rejected_tokens():
     # "a" commits 1 of its 2 draft tokens each iteration, "b" both.
     accept = {"a": 1, "b": 2}
     for policy in (off, auto):
-        run(policy, ("a", "b"), lambda r, _s: accept[r], steps=3, draft_steps=2)
+        run(policy, ("a", "b"), lambda r, _s: accept[r], steps=3, draft_depth=2)
     assert off.decide(iteration(("a", "b"), chains(2, 2), 2)).early_exit is None
     # run()'s batches all verify 6 tokens; a few sizes more pin the latency model's slope.
     auto.verify_latency.seed([((t, 0), 10.0 + 2.0 * t) for t in (4, 8, 16)])

@@ -330,8 +330,8 @@ def iteration_input(batch, policy: PolicyBase, scope: Iteration, tree: DraftTree
         context_lens=torch.tensor(
             [len(req.origin_input_ids) + len(req.output_ids) for req in reqs], dtype=torch.long
         ),
-        draft_steps=plan.depth,
-        draft_topk=plan.width,
+        draft_depth=plan.depth,
+        draft_width=plan.width,
         history=(
             tuple(list(req.origin_input_ids) + list(req.output_ids) for req in reqs)
             if policy.needs_history

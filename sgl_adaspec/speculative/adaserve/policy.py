@@ -476,7 +476,7 @@ class AdaservePolicy(PolicyBase):
         self,
         cands: Candidates,
         slo: SloBatch,
-        draft_steps: int | None = None,
+        draft_depth: int | None = None,
         context_tokens: int = 0,
         draft_width: int | None = None,
     ) -> tuple[Selection, torch.Tensor, Plan, float | None]:
@@ -486,7 +486,7 @@ class AdaservePolicy(PolicyBase):
         plan = self.plan(cands)
         if self.config.budget_rule == "cost":
             # The draft already ran at its own shape: select within it.
-            depth = draft_steps if draft_steps is not None else int(cands.max_depth.max())
+            depth = draft_depth if draft_depth is not None else int(cands.max_depth.max())
             plan = Plan(depth, draft_width or plan.width, plan.budget)
         shaped = restrict_to_shape(cands, plan.depth, plan.width)
         weight = self._rank_weight(slo) if self.config.budget_rule == "cost" else None
@@ -542,7 +542,7 @@ class AdaservePolicy(PolicyBase):
         self._context_tokens = context
         self._context_per_request = context // max(it.cands.num_requests, 1)
         selection, _required, plan, expected = self.select(
-            it.cands, it.slo, it.draft_steps, context, it.draft_topk
+            it.cands, it.slo, it.draft_depth, context, it.draft_width
         )
         return Decision(
             selection, plan.depth, plan.width, plan.budget, self.infeasible(it.slo, plan),

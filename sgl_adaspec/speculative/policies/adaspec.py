@@ -313,7 +313,7 @@ class AdaspecPolicy(PolicyBase):
         cands = it.cands
         bsz = cands.num_requests
         nodes, conf = chain_positions(cands)  # [B, D'] node index, conditional confidence
-        max_d = min(it.draft_steps, nodes.shape[1])
+        max_d = min(it.draft_depth, nodes.shape[1])
         nodes, conf = nodes[:, :max_d], conf[:, :max_d]
         # The decision math is tiny ([B, D]) and ends in host scalars: do it on CPU in float64,
         # which also makes it deterministic across devices.

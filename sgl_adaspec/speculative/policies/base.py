@@ -12,7 +12,7 @@ One speculative iteration, as the adapter drives it:
 4. a finished request is `forget`-ed so per-request state never outlives it.
 
 An iteration may run without speculation (`draft_shape` returned depth 0): the policy is then
-not asked to decide, and the outcome says so (draft_steps 0, every request verified 1 token).
+not asked to decide, and the outcome says so (draft_depth 0, every request verified 1 token).
 
 Policies are pure (tensors and dataclasses, no SGLang) and keep their own state across
 iterations; `PolicyBase` holds what all share (smoothed latencies, baseline TPOT, statistics,
@@ -49,7 +49,7 @@ class IterationInput:
     - slo: the requests' SLO state (TPOT SLO, decode time and tokens so far);
     - rids: the requests' ids, [B] strings, stable across iterations (per-request state key);
     - context_lens [B] int64: tokens each request holds in the KV cache (prompt + output);
-    - draft_steps / draft_topk: the depth and width the draft ran this iteration (the
+    - draft_depth / draft_width: the depth and width the draft ran this iteration (the
       policy's `draft_shape`, or SGLang's --speculative-num-steps / --speculative-eagle-topk
       where draft tiers do not run);
     - history: each request's tokens so far (prompt + output), only for policies that set
@@ -59,8 +59,8 @@ class IterationInput:
     slo: SloBatch
     rids: tuple[str, ...]
     context_lens: torch.Tensor
-    draft_steps: int
-    draft_topk: int
+    draft_depth: int
+    draft_width: int
     history: tuple[list[int], ...] | None = None
 
     def __post_init__(self) -> None:
@@ -113,7 +113,7 @@ class Outcome:
       of the previous decode iteration: the scheduler's work between them, the draft, the verify
       pass, the draft extend);
     - context_tokens: KV tokens of the batch (sum of context lengths);
-    - draft_steps / draft_width: the draft shape that ran (0 steps: no speculation);
+    - draft_depth / draft_width: the draft shape that ran (0 steps: no speculation);
     - budget / depth / width: what the decision applied, for the statistics;
     - early_exit: (tested, exited, test_ms) of the verify pass's early exit, or None;
     - after_prefill: the iteration came right after a prefill (or was the first): its time
@@ -138,7 +138,7 @@ class Outcome:
     verify_ms: float
     iteration_ms: float
     context_tokens: int
-    draft_steps: int
+    draft_depth: int
     draft_width: int
     budget: int
     depth: int
@@ -153,7 +153,7 @@ class Outcome:
 
     @property
     def speculated(self) -> bool:
-        return self.draft_steps > 0
+        return self.draft_depth > 0
 
 
 def make_outcome(
@@ -197,8 +197,8 @@ def make_outcome(
         verify_ms=verify_ms,
         iteration_ms=iteration_ms,
         context_tokens=context_tokens,
-        draft_steps=it.draft_steps,
-        draft_width=it.draft_topk,
+        draft_depth=it.draft_depth,
+        draft_width=it.draft_width,
         budget=int(decision.budget),
         depth=decision.depth,
         width=decision.width,
@@ -312,7 +312,7 @@ class PolicyBase:
         if outcome.speculated:
             self.stats.observe_speculative_ms(outcome.iteration_ms)
             self.observe_iteration(
-                outcome.iteration_ms, outcome.draft_steps, len(outcome.rids), outcome.draft_width,
+                outcome.iteration_ms, outcome.draft_depth, len(outcome.rids), outcome.draft_width,
                 priced=priced,
             )  # fmt: skip
         else:
@@ -428,21 +428,21 @@ class PolicyBase:
     def observe_iteration(
         self,
         latency_ms: float,
-        draft_steps: int = 0,
+        draft_depth: int = 0,
         num_requests: int = 1,
         draft_width: int = 1,
         priced: bool = True,
     ) -> None:
         """Wall time of one speculative iteration; with the verify pass just observed, what
-        remains is the draft's share: `draft_steps` steps of a `draft_width` beam for
+        remains is the draft's share: `draft_depth` steps of a `draft_width` beam for
         `num_requests` requests (kept out of the draft cost model with `priced=False`)."""
         self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
         self.stats.t_spec_ms = self.t_spec_ms
-        if draft_steps > 0 and self._last_verify_ms is not None and priced:
+        if draft_depth > 0 and self._last_verify_ms is not None and priced:
             rest_ms = max(latency_ms - self._last_verify_ms, 0.0)
-            self.draft_step_ms = self._smooth(self.draft_step_ms, rest_ms / draft_steps)
-            rows = draft_rows(draft_steps, draft_width, num_requests)
-            self.draft_latency.observe((draft_steps, rows), rest_ms)
+            self.draft_step_ms = self._smooth(self.draft_step_ms, rest_ms / draft_depth)
+            rows = draft_rows(draft_depth, draft_width, num_requests)
+            self.draft_latency.observe((draft_depth, rows), rest_ms)
         self._last_verify_ms = None
 
     def observe_plain_iteration(

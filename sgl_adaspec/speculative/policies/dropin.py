@@ -208,14 +208,14 @@ class DropinPolicy(PolicyBase):
             return steps, topk
         return min(max(max(windows) + 1, self.config.min_window, 1), steps), topk
 
-    def window_range(self, draft_steps: int) -> tuple[int, int]:
+    def window_range(self, draft_depth: int) -> tuple[int, int]:
         """[lo, hi] windows: the configured range, hi never deeper than the draft."""
-        hi = min(self.config.max_window or draft_steps, draft_steps)
+        hi = min(self.config.max_window or draft_depth, draft_depth)
         lo = self.config.min_window
         if lo > hi:
             raise ValueError(
                 f"dropin min_window {lo} exceeds the draft depth --speculative-num-steps "
-                f"{draft_steps}"
+                f"{draft_depth}"
             )
         return lo, hi
 
@@ -224,7 +224,7 @@ class DropinPolicy(PolicyBase):
         return None if state is None else state.window
 
     def decide(self, it: IterationInput) -> Decision:
-        lo, hi = self.window_range(it.draft_steps)
+        lo, hi = self.window_range(it.draft_depth)
         self._window_range = (lo, hi)
         states = [self._state(rid, hi) for rid in it.rids]
         if self.config.variant is DropinVariant.CACHE_FSM:
@@ -234,14 +234,14 @@ class DropinPolicy(PolicyBase):
         if self.config.variant is DropinVariant.MLE:
             self._choose_mle_windows(it, states, lo, hi)
         windows = torch.tensor([s.window for s in states], dtype=torch.int64)  # [B]
-        shaped = restrict_to_shape(it.cands, windows, it.draft_topk)
+        shaped = restrict_to_shape(it.cands, windows, it.draft_width)
         # Record the depth actually verified: a tree shallower than k makes a full acceptance
         # of it a success, not a rejection at the missing levels.
         for state, used in zip(states, shaped.max_depth.tolist(), strict=True):
             state.used = used
         selection = selection_from_mask(shaped.valid)
         depth = int(windows.max()) if windows.numel() else 0
-        return Decision(selection, depth, it.draft_topk, selection.total_tokens, no_infeasible(it))
+        return Decision(selection, depth, it.draft_width, selection.total_tokens, no_infeasible(it))
 
     def observe_outcome(
         self, rids: tuple[str, ...], verified: torch.Tensor, accepted: torch.Tensor
@@ -321,7 +321,7 @@ class DropinPolicy(PolicyBase):
         if not rows:
             return
         windows = torch.arange(lo, hi + 1)  # [K]
-        tokens = _tokens_upto(it.cands, hi, it.draft_topk)  # [B, hi + 1]
+        tokens = _tokens_upto(it.cands, hi, it.draft_width)  # [B, hi + 1]
         current = torch.tensor([s.window for s in states])  # [B]
         own = tokens.gather(1, current.unsqueeze(1)).squeeze(1)  # [B]
         others = own.sum() - own  # [B]: everyone else's tokens, roots included

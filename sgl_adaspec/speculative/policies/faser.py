@@ -6,7 +6,7 @@ s_r picked from a small candidate set S by minimising the cost per committed tok
     J_r(s; b) = T(s; b) / (c_r(s) + eps)
 
 - T(s; b): latency of one iteration of a batch of b requests that each verify s draft tokens:
-  the draft's share (draft_steps x the per-step latency seen in `observe_iteration`; the draft
+  the draft's share (draft_depth x the per-step latency seen in `observe_iteration`; the draft
   always runs SGLang's configured steps, whatever s) plus the verify pass predicted by the
   fitted verify-latency model for b * (s + 1) tokens (roots included) and the batch's context.
   Until that model has data, the request's own observed iteration latencies at s stand in.
@@ -84,7 +84,7 @@ def refuse_overlap(overlap: bool, label: str) -> None:
 @dataclass(frozen=True)
 class FaserConfig:
     """- lengths: candidate speculative lengths S, draft tokens verified per request
-      (`--faser-lengths`); None: 1..draft_steps. Lengths deeper than the draft are clipped to it;
+      (`--faser-lengths`); None: 1..draft_depth. Lengths deeper than the draft are clipped to it;
     - window: iterations of statistics kept per request (`--faser-window`);
     - beta: GP-LCB exploration weight (eq. 3's beta_n, held constant);
     - lengthscale: RBF kernel length scale, in tokens of s (how alike neighbouring lengths are);
@@ -277,13 +277,13 @@ class FaserPolicy(PolicyBase):
         self.baseline_tpot_ms_config = self.config.baseline_tpot_ms
         super().__post_init__()
 
-    def candidate_lengths(self, draft_steps: int) -> tuple[int, ...]:
-        """S for a draft of `draft_steps` steps: the configured lengths clipped to the chain the
-        draft can produce (a longer length would verify the same tokens as draft_steps, so it
+    def candidate_lengths(self, draft_depth: int) -> tuple[int, ...]:
+        """S for a draft of `draft_depth` steps: the configured lengths clipped to the chain the
+        draft can produce (a longer length would verify the same tokens as draft_depth, so it
         would only be one more arm for GP-LCB to explore)."""
         if self.config.lengths is None:
-            return tuple(range(1, draft_steps + 1))
-        return tuple(sorted({min(s, draft_steps) for s in self.config.lengths} - {0}))
+            return tuple(range(1, draft_depth + 1))
+        return tuple(sorted({min(s, draft_depth) for s in self.config.lengths} - {0}))
 
     def window_tensors(
         self, rids: tuple[str, ...]
@@ -300,11 +300,11 @@ class FaserPolicy(PolicyBase):
         return data[..., 0].long(), data[..., 1], data[..., 2]
 
     def predicted_latency_ms(
-        self, lengths: torch.Tensor, batch_size: int, context_tokens: int, draft_steps: int
+        self, lengths: torch.Tensor, batch_size: int, context_tokens: int, draft_depth: int
     ) -> torch.Tensor | None:
         """T(s; b) [S] float64 for a batch of `batch_size` requests each verifying s draft
         tokens; None until the verify-latency model has an observation."""
-        draft_ms = draft_steps * (self.draft_step_ms or 0.0)
+        draft_ms = draft_depth * (self.draft_step_ms or 0.0)
         verify = [
             self.predict_verify_ms(batch_size * (s + 1), context_tokens) for s in lengths.tolist()
         ]
@@ -326,7 +326,7 @@ class FaserPolicy(PolicyBase):
         in the window (J is meaningless where count is 0). `means`: `window_means`, if known."""
         count, committed_mean, latency_mean = means or self.window_means(it.rids, lengths)
         batch_latency = self.predicted_latency_ms(
-            lengths, it.cands.num_requests, int(it.context_lens.sum()), it.draft_steps
+            lengths, it.cands.num_requests, int(it.context_lens.sum()), it.draft_depth
         )
         # The model predicts T under the current batch (the paper's context b); before it has
         # data, the latencies the request saw at each length are the best estimate there is.
@@ -396,7 +396,7 @@ class FaserPolicy(PolicyBase):
 
     def decide(self, it: IterationInput) -> Decision:
         bsz = it.cands.num_requests
-        lengths = torch.tensor(self.candidate_lengths(it.draft_steps), dtype=torch.int64)  # [S]
+        lengths = torch.tensor(self.candidate_lengths(it.draft_depth), dtype=torch.int64)  # [S]
         plan = None
         if bsz == 0 or lengths.numel() == 0:
             chosen = torch.zeros(bsz, dtype=torch.int64)

@@ -1,7 +1,7 @@
 """The tetris policy (TETRIS, seed 002): batch-wide choice of which draft chain tokens to verify.
 
 Each request drafts a chain: its most probable path through the EAGLE tree (width 1), up to
-k + extra tokens deep, where k = draft_steps - extra is its share of the verify capacity.
+k + extra tokens deep, where k = draft_depth - extra is its share of the verify capacity.
 The capacity is C = B * k draft tokens per verify pass (plus the B roots, which are always
 verified). TETRIS Algorithm 1 fills C with a heap that repeatedly extends the request whose
 next chain token has the highest cumulative acceptance prod_{t<=j} p_{i,t} = f; since f never
@@ -35,7 +35,7 @@ from sgl_adaspec.speculative.shapes import restrict_to_shape, selection_from_mas
 @dataclass(frozen=True)
 class TetrisConfig:
     """- extra: draft tokens per request beyond its capacity share k (`--tetris-extra`); the
-      chain is drafted draft_steps = k + extra deep, so k = draft_steps - extra;
+      chain is drafted draft_depth = k + extra deep, so k = draft_depth - extra;
     - turn_on_batch_size: batch-wide selection only with at least this many running requests
       (`--tetris-turn-on-batch-size`); below it every request verifies its first k chain
       tokens (standard batched speculative decoding);
@@ -81,11 +81,11 @@ class TetrisPolicy(PolicyBase):
         self.baseline_tpot_ms_config = self.config.baseline_tpot_ms
         super().__post_init__()
 
-    def capacity_share(self, draft_steps: int) -> int:
+    def capacity_share(self, draft_depth: int) -> int:
         """k: draft tokens per request the verify capacity holds (the rest of the chain is the
         `extra` TETRIS chooses from)."""
-        self.config.check_steps(draft_steps)
-        return draft_steps - self.config.extra
+        self.config.check_steps(draft_depth)
+        return draft_depth - self.config.extra
 
     def draft_widths(self, topk: int) -> list[int]:
         return [1]
@@ -99,8 +99,8 @@ class TetrisPolicy(PolicyBase):
 
     def decide(self, it: IterationInput) -> Decision:
         num_requests = it.cands.num_requests
-        share = self.capacity_share(it.draft_steps)
-        chain_len = share + self.config.extra  # = draft_steps: how deep a chain may be verified
+        share = self.capacity_share(it.draft_depth)
+        chain_len = share + self.config.extra  # = draft_depth: how deep a chain may be verified
         capacity = num_requests * share  # C draft tokens, roots not included
         if num_requests >= self.config.turn_on_batch_size:
             # TETRIS Algorithm 1 as a batch-wide top-C over the chains' f (the heap always pops
