@@ -146,6 +146,15 @@ class AdaspecConfig:
         "latency model; off leaves it to SGLang's --load-balance-method (default: %(default)s).",
         choices=("off", "on"),
     )
+    spec_observe_lag: str = flag(
+        "auto",
+        "Iterations a speculative iteration's outcome waits before the policy learns from it: "
+        "0, as it ends (its results read on the host then); 1, when the next one ends, so "
+        "the next iteration is planned and launched without waiting for the device, as "
+        "SGLang's overlap scheduler launches it. auto: 1 on CUDA with the overlap schedule, "
+        "else 0 (default: %(default)s).",
+        choices=("auto", "0", "1"),
+    )
     spec_decision_log: str | None = flag(
         None,
         "Append one JSON line per decode iteration to this file: the draft shape that ran, "

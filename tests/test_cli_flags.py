@@ -96,6 +96,12 @@ BAD_FLAGS = [
             [*EAGLE_TREE, "--disaggregation-mode", "decode", "--spec-policy", "adaserve"],
             "--spec-policy adaserve is not supported with --disaggregation-mode decode",
         ),
+        (
+            [*EAGLE_TREE, "--disable-overlap-schedule", "--spec-policy", "adaserve",
+             "--spec-observe-lag", "1"],
+            "--spec-observe-lag 1 needs SGLang's overlap schedule",
+        ),  # fmt: skip
+        (["--spec-observe-lag", "2"], "--spec-observe-lag"),
 ]
 
 # Every bad-flag case through SGLang's own parsing in one interpreter (an SGLang import costs

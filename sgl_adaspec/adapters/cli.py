@@ -88,6 +88,13 @@ def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
             f"{mode} (prefill-decode disaggregation is untested with the plugin); serve with "
             "--spec-policy static there"
         )
+    if config.spec_observe_lag == "1" and getattr(server_args, "disable_overlap_schedule", False):
+        # Without the overlap schedule SGLang answers a finished request before the iteration
+        # after its last one ends, so its last outcome would be read too late.
+        raise ConfigError(
+            "--spec-observe-lag 1 needs SGLang's overlap schedule; drop "
+            "--disable-overlap-schedule or use --spec-observe-lag 0"
+        )
     check_slo_dispatch(config, server_args)
     steps = getattr(server_args, "speculative_num_steps", None)
     check_steps = getattr(config.policy_config, "check_steps", None)

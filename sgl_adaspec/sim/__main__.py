@@ -76,6 +76,14 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
         "overlap scheduler): all of it (decide), or what outlasts the draft's device time "
         "(past-draft: a decision that reads nothing of the device runs beside the draft)",
     )
+    parser.add_argument(
+        "--observe-lag",
+        type=int,
+        choices=(0, 1),
+        help="iterations a policy waits for an iteration's outcome: 1 as under SGLang's overlap "
+        "scheduler on a GPU (the next iteration is planned before this one's outcome is read), "
+        "0 at once (default: 1 with --charge-critical-path, else 0)",
+    )
     args = vars(parser.parse_args(argv))
     experiment = args.pop("experiment")
     given = {k: v for k, v in args.items() if v is not None}

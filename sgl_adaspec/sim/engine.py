@@ -62,12 +62,24 @@ class EngineConfig:
     # "decide": all of it; "past-draft": what outlasts the draft's device time, as a decision
     # that reads nothing of the device runs on the host while the draft's kernels run.
     charge_critical_path: str | None = None
+    # Iterations an outcome waits before the policy takes it (`IterationDriver.observe_lag`):
+    # None, 1 where only the critical path is charged (the overlap scheduler it assumes plans
+    # the next iteration before this one's outcome is read), else 0.
+    observe_lag: int | None = None
+
+    @property
+    def lag(self) -> int:
+        if self.observe_lag is not None:
+            return self.observe_lag
+        return int(self.charge_critical_path is not None)
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1 or self.max_prefill_tokens < 1:
             raise ValueError("max_running_requests and max_prefill_tokens must be >= 1")
         if not self.policy_time_scale >= 0:
             raise ValueError(f"policy_time_scale must be >= 0, got {self.policy_time_scale}")
+        if self.observe_lag not in (None, 0, 1):
+            raise ValueError(f"observe_lag must be 0 or 1, got {self.observe_lag}")
         if self.charge_critical_path not in CRITICAL_PATH_CHARGES:
             raise ValueError(
                 f"charge_critical_path must be one of {CRITICAL_PATH_CHARGES}, got "
@@ -181,6 +193,9 @@ def simulate_replicas(
         result=result, alpha=alpha_by_class[workload.class_index],
         beta=beta_by_class[workload.class_index],
     )  # fmt: skip
+    for policy in policies:
+        if getattr(policy, "driver", None) is not None:
+            policy.driver.observe_lag = config.lag
     instances = [
         instance(policy=policy, rng=np.random.default_rng(seed if k == 0 else [seed, k]))
         for k, policy in enumerate(policies)

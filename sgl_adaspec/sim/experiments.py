@@ -57,6 +57,7 @@ class SweepConfig:
     # Charge each policy's own wall time to the simulated clock (`EngineConfig`); 0: not.
     policy_time_scale: float = 0.0
     charge_critical_path: str | None = None  # of it, only `decide`'s (`EngineConfig`)
+    observe_lag: int | None = None  # `EngineConfig.observe_lag`
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -162,6 +163,7 @@ class SweepSetup:
                 max_running_requests=config.max_running_requests,
                 policy_time_scale=config.policy_time_scale,
                 charge_critical_path=config.charge_critical_path,
+                observe_lag=config.observe_lag,
             ),
             seeds,
         )

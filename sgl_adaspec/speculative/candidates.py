@@ -31,6 +31,8 @@ from functools import cached_property
 
 import torch
 
+from sgl_adaspec.speculative.host_copy import to_host
+
 
 @dataclass(frozen=True)
 class Candidates:
@@ -156,6 +158,16 @@ class Candidates:
             ("tokens", tokens), ("parents", parents), ("path_prob", path_prob), ("valid", valid),
         ):  # fmt: skip
             object.__setattr__(tree, name, value)
+        return tree
+
+    def to_host(self) -> Candidates:
+        """The same trees on their way to the host (`host_copy.to_host`), for a read after
+        the iteration's buffers were reused."""
+        tree = Candidates.trusted(
+            *(to_host(t) for t in (self.tokens, self.parents, self.path_prob, self.valid))
+        )
+        if "depth" in self.__dict__:
+            tree.__dict__["depth"] = to_host(self.__dict__["depth"])
         return tree
 
     def rows(self, index: torch.Tensor) -> Candidates:

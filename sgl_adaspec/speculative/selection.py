@@ -41,6 +41,7 @@ import torch
 
 from sgl_adaspec.scheduler.slo import capped_required
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.host_copy import to_host
 from sgl_adaspec.speculative.host_reads import free_to_read
 
 
@@ -67,6 +68,10 @@ class Selection:
             value = getattr(self, name)
             if value.shape != self.mask.shape[:1]:
                 raise ValueError(f"Selection.{name} must be [B], got {tuple(value.shape)}")
+
+    def to_host(self) -> Selection:
+        """The same selection on its way to the host (`host_copy`)."""
+        return Selection(to_host(self.mask), to_host(self.counts), to_host(self.slo_counts))
 
     @property
     def num_tokens(self) -> torch.Tensor:

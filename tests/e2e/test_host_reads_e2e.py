@@ -22,3 +22,23 @@ def test_adaserve_reads_nothing_of_the_draft_before_the_verify(
     stats = state["stats"]
     assert stats["decided_drafts"] >= 5, stats
     assert stats["host_reads_before_verify"] == 0, stats["host_read_sites"]
+
+
+def test_adaserve_planned_before_the_last_outcome_is_read_stays_lossless(
+    models, tmp_path_factory, bigram_pair_reference
+):
+    """`--spec-observe-lag 1` on SGLang's overlap schedule (the CPU keeps it), as a GPU runs:
+    each iteration is planned and launched before the one before it is read, and its outcome
+    reaches the policy one iteration late, read from copies started as it ended."""
+    outputs, state = run_policy(
+        tmp_path_factory, models.bigram_target, models.bigram_eagle_draft, ("adaserve",),
+        "--spec-observe-lag", "1", env={COUNT_HOST_READS_ENV: "1"}, waves=2,
+    )  # fmt: skip
+    assert outputs == [bigram_pair_reference] * 2
+    stats = state["stats"]
+    assert stats["decided_drafts"] >= 5, stats
+    assert stats["host_reads_before_verify"] == 0, stats["host_read_sites"]
+    # Every request is counted once, and the loose SLOs (5 s) are met in both waves.
+    custom = stats["classes"]["custom"]
+    assert custom["finished"] == 4 and custom["met"] >= 2, custom
+    assert stats["accepted_tokens_per_verify"] > 1.0  # the lagged outcomes taught the policy

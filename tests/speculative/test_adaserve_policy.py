@@ -108,7 +108,8 @@ def test_cost_rule_throughput_phase_prefers_a_request_on_its_line_to_one_far_ahe
         policy = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="cost", lead_floor=floor))
         policy.observe_iteration(10.0)
         counts[floor] = policy.select(cands, slo)[0].counts.tolist()
-        policy.read_last_draft()  # as `observe` does after the verify
+        # The gain table reads the draft as `observe` does, after the verify.
+        policy.gain.observe(*policy.iteration_launched(warm=True).unread_draft)
         policy.gain.refresh(lambda f: f)
         one_node_gain[floor] = policy.gain.curve(4, 1)[1].item()
     # By f' alone the 3 nodes go .9 (request 0, the tie's lower index), .9, .8 (request 0);

@@ -73,7 +73,7 @@ def test_observe_reports_accept_lengths_once_and_the_first_decided_draft_as_warm
     ticks = iter([0.0, 0.004, 1.0, 1.002])
     driver = IterationDriver(policy, clock=lambda: next(ticks))
     plain = driver.plan(2, (2, 1), _slo(2))
-    first = driver.observe(plain, _result(2, [1, 1]))
+    [first] = driver.observe(plain, _result(2, [1, 1]))
     assert not first.speculated and not first.warm_up and first.draft_kept
     assert policy.stats.plain_iterations == 1
     cands = Candidates(
@@ -85,7 +85,7 @@ def test_observe_reports_accept_lengths_once_and_the_first_decided_draft_as_warm
         it = iteration_input(cands, 2, tpot_slo_ms=[50.0, 50.0])
         decision = driver.decide(it)
         assert driver.critical_s == pytest.approx(expected_s)
-        outcome = driver.observe(plan, _result(2, [3, 1]), it, decision)
+        [outcome] = driver.observe(plan, _result(2, [3, 1]), it, decision)
         assert outcome.warm_up is expected_warm_up and outcome.speculated
         assert outcome.accepted.tolist() == [3, 1]  # bonus included, as given
     assert [o.warm_up for o in policy.outcomes] == [False, True, False]
@@ -98,9 +98,9 @@ def test_the_simulator_drives_server_policies_through_the_driver(monkeypatch):
     original = IterationDriver.observe
 
     def observe(self, plan, result, it=None, decision=None):
-        outcome = original(self, plan, result, it, decision)
-        seen.append((plan, outcome))
-        return outcome
+        outcomes = original(self, plan, result, it, decision)
+        seen.extend((plan, outcome) for outcome in outcomes)
+        return outcomes
 
     monkeypatch.setattr(IterationDriver, "observe", observe)
     server = ServerPolicy(Scripted(shapes=[(0, 0), (2, 1)]), "scripted", depth=2, width=1)
@@ -114,6 +114,77 @@ def test_the_simulator_drives_server_policies_through_the_driver(monkeypatch):
     assert drafted == DraftPlan(2, 1, False, drafted.slo)
     assert outcome.accepted.tolist() == [3, 2] and outcome.context_tokens == 30
     assert not outcome.warm_up  # a simulated first draft pays no one-off set-up
+
+
+def _cands() -> Candidates:
+    return Candidates(
+        tokens=torch.tensor([[5, 6], [7, 8]]), parents=torch.tensor([[-1, 0], [-1, 0]]),
+        path_prob=torch.tensor([[0.9, 0.5], [0.8, 0.1]]), valid=torch.ones(2, 2, dtype=torch.bool),
+    )  # fmt: skip
+
+
+@dataclass(kw_only=True)
+class Noting(Scripted):
+    """Notes each launched iteration by its number and whether it left the draft warm."""
+
+    launched: list = field(default_factory=list)
+
+    def iteration_launched(self, warm):
+        self.launched.append(warm)
+        return len(self.launched)
+
+
+def test_with_a_lag_of_one_an_outcome_comes_after_the_next_iteration_with_its_note():
+    """Iteration t's outcome reaches the policy when t + 1 ends, before t + 2 is planned, and
+    carries what the policy noted when t launched (later launches did not overwrite it)."""
+    policy = Noting(shapes=[(2, 1), (0, 0), (2, 1)], warm=False)
+    driver = IterationDriver(policy, observe_lag=1)
+    taken = []
+    for accepted in ([3, 1], [1, 1], [2, 2]):
+        plan = driver.plan(2, (2, 1), _slo(2))
+        assert len(policy.outcomes) == max(len(taken) - 1, 0)  # ended ones but the last
+        it = decision = None
+        if not plan.plain:
+            it = iteration_input(_cands(), 2, tpot_slo_ms=[50.0, 50.0])
+            decision = driver.decide(it)
+        taken.append(driver.observe(plan, _result(2, accepted), it, decision))
+    assert [len(t) for t in taken] == [0, 1, 1]
+    assert policy.launched == [True, False, True]  # at each end, not at the lagged observe
+    first, second = policy.outcomes
+    assert (first.note, first.accepted.tolist(), first.speculated) == (1, [3, 1], True)
+    assert (second.note, second.speculated, second.draft_kept) == (2, False, False)
+    assert [o.note for o in driver.take()] == [3]  # the last, taken on demand
+
+
+def test_a_finished_request_is_forgotten_only_after_its_last_outcome_is_taken():
+    forgotten = []
+    policy = Scripted(shapes=[(0, 0), (0, 0)])
+    policy.forget = forgotten.append
+    driver = IterationDriver(policy, observe_lag=1)
+    driver.observe(driver.plan(2, (2, 1), _slo(2)), _result(2, [1, 1]))
+    driver.forget("r1")  # its outcome still waits
+    driver.forget("gone")
+    assert forgotten == ["gone"]
+    driver.observe(driver.plan(1, (2, 1), _slo(1)), _result(1, [1]))  # takes the first
+    assert forgotten == ["gone", "r1"]
+
+
+def test_the_copies_an_outcome_holds_do_not_follow_reused_buffers():
+    """The iteration's tensors are copied as it ends: SGLang reuses its buffers next iteration."""
+    policy = Scripted(shapes=[(0, 0)])
+    driver = IterationDriver(policy, observe_lag=1)
+    buffer = torch.tensor([1, 1])
+    result = _result(2, [1, 1])
+    result = VerifyResult(buffer, 5.0, 8.0, result.rids, result.context_tokens)
+    driver.observe(driver.plan(2, (2, 1), _slo(2)), result)
+    buffer.fill_(7)
+    [outcome] = driver.take()
+    assert outcome.accepted.tolist() == [1, 1]
+
+
+def test_a_lag_other_than_zero_or_one_is_refused():
+    with pytest.raises(ValueError, match="observe_lag must be 0 or 1"):
+        IterationDriver(Scripted(), observe_lag=2)
 
 
 class _ChainDrafter:
@@ -164,3 +235,24 @@ def test_a_follower_rank_runs_the_plan_rank_0_sent_without_asking_its_policy():
     plan = hooks._plan(IterationDriver(policy), state, batch, (4, 2))
     assert (plan.depth, plan.width, plan.keep_warm, plan.slo) == (2, 1, False, None)
     assert policy.asked == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "device", "disable_overlap", "expected"),
+    [
+        ("auto", "cuda", False, 1),  # the overlap schedule launches t + 1 before t is read
+        ("auto", "cuda", True, 0),
+        ("auto", "cpu", False, 0),  # the CPU's device work is done when the host reads it
+        ("1", "cpu", False, 1),
+        ("0", "cuda", False, 0),
+    ],
+)
+def test_the_servers_observe_lag(flag, device, disable_overlap, expected):
+    from sgl_adaspec.adapters.speculative.runtime import observe_lag
+    from sgl_adaspec.config import AdaspecConfig
+
+    worker = SimpleNamespace(
+        server_args=SimpleNamespace(device=device, disable_overlap_schedule=disable_overlap)
+    )
+    config = AdaspecConfig.of(spec_policy="adaserve", spec_observe_lag=flag)
+    assert observe_lag(config, worker) == expected

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -54,8 +55,14 @@ from sgl_adaspec.adapters.speculative.tree import (
     verify_tree_parents,
 )
 from sgl_adaspec.speculative.driver import DraftPlan, IterationDriver, VerifyResult
+from sgl_adaspec.speculative.host_copy import to_host
 from sgl_adaspec.speculative.host_reads import unmarked
-from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase, policy_calls
+from sgl_adaspec.speculative.policies.base import (
+    IterationInput,
+    Outcome,
+    PolicyBase,
+    policy_calls,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +108,6 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     if not state.tp_sync.leads:
         return result  # rank 0 observes for the group
     policy = driver.policy
-    request_state.record_committed(batch.reqs, 1 if plan.plain else result.accept_lens)
     if not plan.plain:
         rows = (plan.depth - 1) * len(batch.reqs) * plan.width
         policy.stats.observe_draft(
@@ -109,12 +115,14 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
             decided=scope.decision is not None, ragged=scope.ragged_verify,
             extend_replayed=scope.extend_replayed, verify_replayed=scope.verify_replayed,
         )  # fmt: skip
-    if scope.verify_ms is not None:
+    if scope.verify_ms is None:  # the policy fell back: nothing observed, read it now
+        request_state.record_committed(batch.reqs, result.accept_lens)
+    else:
         iteration_ms = 1000 * (end - start)
-        result_read = _verify_result(batch, scope, iteration_ms, after_prefill, stall_ms)
-        outcome = driver.observe(plan, result_read, scope.policy_input, scope.decision)
-        if state.decision_log is not None:
-            state.decision_log.write(outcome, policy.account())
+        ended = _verify_result(batch, scope, iteration_ms, after_prefill, stall_ms)
+        for outcome in driver.observe(plan, ended, scope.policy_input, scope.decision):
+            if state.decision_log is not None:
+                state.decision_log.write(outcome, policy.account())
     report_to_dispatcher(policy)
     return result
 
@@ -130,11 +138,12 @@ def _plan(driver: IterationDriver, state, batch, configured: tuple[int, int]) ->
         # slo_batch attaches the SLO clock of requests decoding for the first time.
         with policy_calls():
             slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
-        plan = driver.plan(len(batch.reqs), configured, slo)
+        # Only where the steps-0 tier was built can a plain iteration keep the draft warm.
+        plan = driver.plan(len(batch.reqs), configured, slo, warm_shape(tiers) is not None)
         shape = (plan.depth, plan.width)
         if not plan.plain:
             shape = _tier_of(tiers, shape, batch) or configured
-        shape = (*shape, plan.keep_warm and warm_shape(tiers) is not None)
+        shape = (*shape, plan.keep_warm)
     depth, width, warm = sync.value(shape)
     return DraftPlan(depth, width, warm, slo)
 
@@ -152,7 +161,8 @@ def _verify_result(
 ) -> VerifyResult:
     reqs = batch.reqs
     return VerifyResult(
-        accept_lens=None if scope.accepted is None else scope.accepted.detach().cpu().long(),
+        accept_lens=scope.accepted,
+        on_taken=partial(_requests_took, reqs),
         verify_ms=scope.verify_ms,
         iteration_ms=iteration_ms,
         rids=tuple(req.rid for req in reqs),
@@ -164,6 +174,14 @@ def _verify_result(
         # The CPU attention asked where the one-node verify's slots lie: it ran that path.
         verify_as_decode=scope.layout.one_token_slots_in_row is not None,
     )
+
+
+def _requests_took(reqs, outcome: Outcome) -> None:
+    """The iteration's tokens on its requests' SLO clocks and responses, from its outcome on
+    the host: no read of the device's results as the iteration ends."""
+    request_state.record_committed(reqs, outcome.accepted if outcome.speculated else 1)
+    if outcome.speculated:
+        request_state.record_verified(reqs, outcome.verified, outcome.accepted)
 
 
 def draft(original: Callable, draft_worker, batch, *args, **kwargs):
@@ -290,12 +308,12 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     if decision is None:
         return result  # a follower: rank 0 observes for the group
     scope.accepted = result.accept_lens
-    selection = decision.selection
-    scope.deepest_accepted = deepest_accepted(
-        it.cands, selection.mask, result.next_token_ids, result.accept_lens,
-        verify_input.draft_token_num,
-    )  # fmt: skip
-    request_state.record_verified(batch.reqs, selection.counts + 1, result.accept_lens)
+    ids, lens = result.next_token_ids, result.accept_lens
+    if ids is not None and lens is not None:  # walked on the host once the copies landed
+        scope.deepest_accepted = partial(
+            deepest_accepted, it.cands.to_host(), to_host(decision.selection.mask),
+            to_host(ids), to_host(lens), verify_input.draft_token_num,
+        )  # fmt: skip
     return result
 
 

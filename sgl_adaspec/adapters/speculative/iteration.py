@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -35,8 +36,9 @@ class Iteration:
       (`platform.cpu.verify_layout`);
     - early_exit_counts: (tested, exited, test_ms) of the verify pass's early exit;
     - verify_ms / accepted [bs]: the verify pass's latency and accept lengths;
-    - deepest_accepted [bs]: each request's deepest accepted candidate node (-1: none), None
-      when unknown (`tree.deepest_accepted`);
+    - deepest_accepted: computes [bs], each request's deepest accepted candidate node (-1:
+      none), on the host once the verify's results landed (`tree.deepest_accepted`); None
+      when unknown;
     - ragged_verify: the verify forward ran on the kept nodes only (`hooks.target_forward`);
     - extend_replayed: the draft extend ran as a graph replay;
     - verify_replayed: the target's verify ran as a graph replay (the whole tree)."""
@@ -52,7 +54,7 @@ class Iteration:
     early_exit_counts: tuple[int, int, float] | None = None
     verify_ms: float | None = None
     accepted: torch.Tensor | None = None
-    deepest_accepted: torch.Tensor | None = None
+    deepest_accepted: Callable[[], torch.Tensor | None] | None = None
     ragged_verify: bool = False
     extend_replayed: bool = False
     verify_replayed: bool = False

@@ -13,6 +13,7 @@ import torch
 from sgl_adaspec.adapters.scheduler import request_slo
 from sgl_adaspec.adapters.speculative.blind_prefill import draft_blind
 from sgl_adaspec.adapters.speculative.runtime import (
+    forget_request,
     from_perf_counter,
     now_s,
     replica_reporter,
@@ -116,7 +117,7 @@ def request_finished(_result, req, *args, **kwargs) -> None:
         return
     state.reported = True
     state.stats.open_requests -= 1
-    state.policy.forget(req.rid)
+    forget_request(state.policy, req.rid)
     reporter = replica_reporter()
     if reporter is not None:
         reporter.finish(req.rid)

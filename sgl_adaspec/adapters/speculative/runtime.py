@@ -156,10 +156,28 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
 
         log = DecisionLog(config.spec_decision_log, get_parallel().dp_rank or 0)
         logger.info("sgl_adaspec: writing every decided iteration to %s", log.path)
-    driver = IterationDriver(policy, clock=clock.now)
+    driver = IterationDriver(policy, clock=clock.now, observe_lag=observe_lag(config, draft_worker))
     return Runtime(
         config, policy, profile, clock, sync, reporter, tiers, decision_log=log, driver=driver
     )
+
+
+def observe_lag(config: AdaspecConfig, worker) -> int:
+    """`--spec-observe-lag`; auto: 1 where SGLang launches the next iteration before this one's
+    results are read (the overlap schedule on CUDA). Without the overlap schedule a lag would
+    leave a finished request's last iteration unread when its response goes out."""
+    if config.spec_observe_lag != "auto":
+        return int(config.spec_observe_lag)
+    server_args = getattr(worker, "server_args", None)
+    overlap = not getattr(server_args, "disable_overlap_schedule", True)
+    return int(overlap and str(getattr(server_args, "device", "")).startswith("cuda"))
+
+
+def forget_request(policy: PolicyBase, rid: str) -> None:
+    """A finished request leaves the policy, once the outcomes still waiting for it are taken."""
+    state = runtime()
+    driver = state.driver if state is not None else None
+    (driver.forget if driver is not None else policy.forget)(rid)
 
 
 def build_tiers(

@@ -214,27 +214,35 @@ class AdaservePolicy(PolicyBase):
         self._blind_prefills += 1
         return self._blind_prefills % self.config.probe_interval == 0
 
-    def read_last_draft(self) -> None:
-        """The gain table reads the last decided draft, if it was to, on the host."""
-        if self._unread_draft is not None:
-            self.gain.observe(*self._unread_draft)
-            self._unread_draft = None
+    def iteration_launched(self, warm: bool) -> _Launched:
+        """The draft state moves on now (a plain iteration that did not keep the draft leaves
+        the next draft stale); the rest of this iteration waits for its outcome."""
+        unread = self._unread_draft
+        if unread is not None:  # read after the iteration's buffers may be reused
+            unread = (unread[0].to_host(), *unread[1:])
+        note = _Launched(self.draft_state, self._running_plan, self._last_planned, unread)
+        self._running_plan = self._unread_draft = None
+        self.draft_state = self.draft_state.observed(warm)
+        return note
 
     def observe(self, outcome: Outcome) -> None:
-        self.read_last_draft()
+        note = outcome.note
+        if note is None:  # observed as it ended, with no iteration launched in between
+            note = self.iteration_launched(outcome.speculated or outcome.draft_kept)
+        if note.unread_draft is not None:  # the gain table reads the draft, on the host now
+            self.gain.observe(*note.unread_draft)
         self._last_load = len(outcome.rids)
         self._max_load = max(self._max_load, self._last_load)
-        self.draft_state = self.draft_state.observed(outcome.speculated or outcome.draft_kept)
         if not outcome.speculated:
             self.plain_price.observe_plain(outcome.draft_kept)
-        planned, self._running_plan = self._running_plan, None
+        planned = note.running_plan
         if self.steady_plain(outcome) and outcome.iteration_ms > 0:
             self.plain_price.observe_steady(
                 self._last_load, outcome.context_tokens, outcome.iteration_ms
             )
-        state = self.draft_state
+        state = note.state
         if state.mode is Mode.PROBE and not state.cold and self._measured(outcome):
-            self._judge_probe(outcome)
+            self._judge_probe(outcome, note.last_planned)
         if outcome.speculated:  # what a draft returned may end a stand-down now
             self.plan_reuse.standing_down = None
             if not outcome.warm_up:
@@ -258,11 +266,10 @@ class AdaservePolicy(PolicyBase):
             and outcome.iteration_ms > 0  # a clock that did not move prices nothing
         )
 
-    def _judge_probe(self, outcome: Outcome) -> None:
+    def _judge_probe(self, outcome: Outcome, stand_down: PlanChoice | None) -> None:
         """A probe that beat the stand-down's plain price by the switch margin clears the
         track record at this load: the record moves only while plans speculate, so one formed
         under a bad fit would hold a stand-down for good."""
-        stand_down = self._last_planned
         if stand_down is None or stand_down.depth > 0 or stand_down.plain_ms <= 0:
             return
         n = len(outcome.rids)
@@ -570,6 +577,18 @@ def beyond_reach(cands: Candidates, required: torch.Tensor) -> torch.Tensor:
     The SLO phase visits the most-behind first: under overload, requests too far behind would
     take the budget from those it could keep on track."""
     return required > expected_accepted(cands, cands.valid)
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """What `observe` needs of the iteration it observes (`PolicyBase.iteration_launched`):
+    the draft state it ran in, the plan it ran (None where none predicted it), the plan last
+    asked for (a probe's stand-down), and the gain table's unread draft."""
+
+    state: DraftState
+    running_plan: PlanChoice | None
+    last_planned: PlanChoice | None
+    unread_draft: tuple | None
 
 
 @dataclass

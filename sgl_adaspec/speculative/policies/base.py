@@ -22,7 +22,7 @@ the fitted latency models).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -31,6 +31,7 @@ from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan
+from sgl_adaspec.speculative.host_copy import to_host
 from sgl_adaspec.speculative.latency import LinearLatency, VerifyLatency
 from sgl_adaspec.speculative.selection import Selection
 from sgl_adaspec.speculative.shapes import draft_rows
@@ -75,6 +76,10 @@ class IterationInput:
                 f"IterationInput: slo is for {self.slo.tpot_slo_ms.shape[0]} requests, not {bsz}"
             )
 
+    def to_host(self) -> IterationInput:
+        """The same input on its way to the host (`host_copy`)."""
+        return replace(self, cands=self.cands.to_host(), context_lens=to_host(self.context_lens))
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -97,6 +102,17 @@ class Decision:
     infeasible: torch.Tensor
     early_exit: EarlyExitPlan | None = None
     predicted_accepted: float | torch.Tensor | None = None
+
+    def to_host(self) -> Decision:
+        """The same decision on its way to the host (`host_copy`)."""
+
+        def host(value):
+            return to_host(value) if isinstance(value, torch.Tensor) else value
+
+        return replace(
+            self, selection=self.selection.to_host(), budget=host(self.budget),
+            infeasible=host(self.infeasible), predicted_accepted=host(self.predicted_accepted),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -128,7 +144,11 @@ class Outcome:
       verified, where the decision computed it (`Decision.predicted_accepted`), else None;
     - warm_up: the server's first speculative iteration. Its time may include one-off set-up
       (first draft forwards, first calls of the tree and selection ops), so it prices nothing:
-      it would be one of the two draft-cost points the first plan rests on."""
+      it would be one of the two draft-cost points the first plan rests on;
+    - draft_stale: its draft ran on a stale state (`draft_is_stale` when it was decided);
+    - note: what the policy kept of this iteration when it launched (`iteration_launched`);
+      draft_stale and note None: observed as it ended, so the policy's own state says.
+    Made by `make_outcome`."""
 
     rids: tuple[str, ...]
     verified: torch.Tensor
@@ -150,6 +170,8 @@ class Outcome:
     warm_up: bool = False
     verify_as_decode: bool = False
     predicted_accepted: float | None = None
+    draft_stale: bool | None = None
+    note: object = None
 
     @property
     def speculated(self) -> bool:
@@ -172,6 +194,8 @@ def make_outcome(
     stall_ms: float = 0.0,
     warm_up: bool = False,
     verify_as_decode: bool = False,
+    draft_stale: bool | None = None,
+    note: object = None,
 ) -> Outcome:
     """The outcome of an iteration that ran `decision` on `it` (both None: no speculation;
     `draft_kept`: that plain iteration kept the draft's state; `warm_up`: this speculative
@@ -182,10 +206,11 @@ def make_outcome(
         return Outcome(
             rids, ones, accepted, None, None, verify_ms, iteration_ms, context_tokens, 0, 0,
             len(rids), 0, 0, after_prefill=after_prefill, draft_kept=draft_kept,
-            stall_ms=stall_ms, verify_as_decode=verify_as_decode,
+            stall_ms=stall_ms, verify_as_decode=verify_as_decode, note=note,
         )  # fmt: skip
     selection = decision.selection
     f = torch.where(selection.mask, it.cands.path_prob.to(selection.mask.device), 0.0)
+    predicted = decision.predicted_accepted
     return Outcome(
         rids=rids,
         verified=(selection.counts + 1).cpu().long(),
@@ -207,9 +232,9 @@ def make_outcome(
         stall_ms=stall_ms,
         warm_up=warm_up,
         verify_as_decode=verify_as_decode,
-        predicted_accepted=(
-            None if decision.predicted_accepted is None else float(decision.predicted_accepted)
-        ),
+        predicted_accepted=None if predicted is None else float(predicted),
+        draft_stale=draft_stale,
+        note=note,
     )
 
 
@@ -290,7 +315,10 @@ class PolicyBase:
         if outcome.accepted is not None:
             if outcome.speculated:
                 self.observe_outcome(outcome.rids, outcome.verified, outcome.accepted)
-            if outcome.verified_f is not None and not self.draft_is_stale():
+            stale = outcome.draft_stale
+            if outcome.verified_f is not None and not (
+                self.draft_is_stale() if stale is None else stale
+            ):
                 # The calibration's prediction before it learns from this outcome (the
                 # decision's where it computed one: the same calibration, one call fewer).
                 predicted = outcome.predicted_accepted
@@ -377,6 +405,13 @@ class PolicyBase:
         speculation, whose draft extends SGLang skipped): its path probabilities then say
         little of acceptance, and its outcome trains no calibration."""
         return False
+
+    def iteration_launched(self, warm: bool) -> object:
+        """Once per iteration, when its draft is settled (after `decide`, or after the plan of
+        a plain iteration; `warm`: the draft ran or kept its state): what `observe` needs back
+        of this iteration (`Outcome.note`), since with a lagged observe later iterations are
+        planned before it comes. Default: nothing."""
+        return None
 
     def keep_draft_warm(self) -> bool:
         """Asked after `draft_shape` chose depth 0: whether this plain iteration keeps the
