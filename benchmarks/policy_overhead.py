@@ -5,9 +5,9 @@
                                          [--policies adaserve,tetris]
 
 The simulator drives the policy through the calls the SGLang adapter makes (`draft_shape`,
-`keep_draft_warm`, `decide`, `observe`, `draft_prefills`; `sim.policies.ServerPolicy`), and
-this script times those calls alone with a wall clock, single-threaded: the simulator's own
-work (the draft trees, the accept walk) is left out. On a server the same time sits on the
+`keep_draft_warm`, `decide`, `iteration_launched`, `observe`, `draft_prefills`;
+`sim.policies.ServerPolicy`), and this script times those calls alone with a wall clock,
+single-threaded: the simulator's own work (the draft trees, the accept walk) is left out. On a server the same time sits on the
 scheduler's critical path of every iteration. Per rate: the policy's ms per speculative and
 per plain iteration (mean over the run's iterations, median over `--repeats` runs of the same
 workload), the mean running requests, and the share of iterations that speculated; each
@@ -31,7 +31,9 @@ import torch
 from sgl_adaspec.sim.experiments import SweepConfig, SweepSetup
 from sgl_adaspec.sim.policies import SERVER_POLICY_NAMES, make_policy
 
-TIMED_CALLS = ("draft_shape", "keep_draft_warm", "decide", "observe", "draft_prefills")
+TIMED_CALLS = (
+    "draft_shape", "keep_draft_warm", "decide", "iteration_launched", "observe", "draft_prefills",
+)
 
 
 class Clock:
