@@ -96,6 +96,10 @@ class AdaservePolicy(PolicyBase):
     _planned_drafts: int = field(default=0, repr=False)
     # The gain table's reading of this iteration's draft, left for `observe`, after the verify.
     _unread_draft: tuple | None = field(default=None, repr=False)
+    # The SLO terms of the draft planned last (`_SloTerms`), and what `select` last found
+    # beyond reach.
+    _slo_terms: _SloTerms | None = field(default=None, repr=False)
+    _selected_infeasible: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.latency_smoothing = self.config.latency_smoothing
@@ -133,7 +137,20 @@ class AdaservePolicy(PolicyBase):
             reasons[mode.reason] = reasons.get(mode.reason, 0) + 1
         if planned is not None and mode is not Mode.MEASURE_PLAIN:
             self._report(planned, num_requests, None if mode is Mode.STAND_DOWN else draft.shape)
+        self._slo_terms = None
+        if mode.speculates and slo is not None:  # now, beside the device's work
+            self._slo_terms = self._terms_for(slo, *draft.shape)
         return draft.shape
+
+    def _terms_for(self, slo: SloBatch, depth: int, width: int) -> _SloTerms:
+        pace = self.wall_per_decode  # A(r) for the wall time until the next iteration
+        required = required_tokens(slo, (self.t_spec_ms or 0.0) * pace)
+        infeasible = self._infeasible(slo, depth)
+        return _SloTerms(
+            slo, (depth, width), self._rank_weight(slo), infeasible,
+            torch.where(infeasible, 0.0, required),
+            self._draft_ms(depth, width, slo.num_requests),
+        )  # fmt: skip
 
     def _explore_shape(self, num_requests: int, full: tuple[int, int], planned) -> tuple[int, int]:
         """The full search no wider than the plan may choose at this load, or the full-depth
@@ -496,8 +513,16 @@ class AdaservePolicy(PolicyBase):
             depth = draft_depth if draft_depth is not None else int(cands.max_depth.max())
             plan = Plan(depth, draft_width or plan.width, plan.budget)
         shaped = restrict_to_shape(cands, plan.depth, plan.width)
-        weight = self._rank_weight(slo) if self.config.budget_rule == "cost" else None
-        if self.config.budget_rule == "cost":
+        cost_rule = self.config.budget_rule == "cost"
+        terms = self._slo_terms
+        if not cost_rule:  # A(r) for one iteration, as the paper
+            infeasible = self._infeasible(slo, plan.depth)
+            required = torch.where(infeasible, 0.0, required_tokens(slo, self.t_spec_ms or 0.0))
+            terms = _SloTerms(slo, (plan.depth, plan.width), None, infeasible, required, 0.0)
+        elif terms is None or terms.slo is not slo or terms.shape != (plan.depth, plan.width):
+            terms = self._terms_for(slo, plan.depth, plan.width)  # not planned for this draft
+        weight = terms.weight
+        if cost_rule:
             # float64 for the outcome's prediction, the draft's dtype for the selection.
             exact = self.acceptance.apply(shaped.path_prob.double())
             calibrated = exact.to(shaped.path_prob.dtype)
@@ -510,23 +535,18 @@ class AdaservePolicy(PolicyBase):
                 # Read after the verify: before it, the read would wait on the device.
                 groups = slo_group_keys(slo.tpot_slo_ms)
                 self._unread_draft = (shaped, plan.depth, plan.width, groups, weight)
-            sunk_ms = self._draft_ms(plan.depth, plan.width, cands.num_requests)
             budget = cost_budget(
                 calibrated,
                 shaped.valid,
-                sunk_ms,
+                terms.sunk_ms,
                 context_tokens,
                 self.verify_latency.predict_tensor,
             )
             if budget is not None:  # a 0-d tensor on the draft's device
                 plan = Plan(plan.depth, plan.width, budget.clamp(max=plan.budget))
             shaped = shaped.with_path_prob(calibrated)
-        # The cost rule asks A(r) for the wall time until the next iteration, prefill stalls
-        # included; the knee rule for one iteration, as the paper.
-        pace = self.wall_per_decode if self.config.budget_rule == "cost" else 1.0
-        required = required_tokens(slo, (self.t_spec_ms or 0.0) * pace)
-        required = torch.where(self.infeasible(slo, plan), 0.0, required)
-        if self.config.budget_rule == "cost":
+        required = terms.required
+        if cost_rule:
             required = required.to(shaped.valid.device, non_blocking=True)
             required = torch.where(beyond_reach(shaped, required), 0.0, required)
         n_max = self.config.max_nodes_per_request
@@ -542,6 +562,7 @@ class AdaservePolicy(PolicyBase):
         expected = None
         if self.config.budget_rule == "cost":  # a 0-d tensor: read after the verify
             expected = torch.where(selection.mask, exact, 0.0).sum()
+        self._selected_infeasible = terms.infeasible
         return selection, required, plan, expected
 
     def decide(self, it: IterationInput) -> Decision:
@@ -552,7 +573,7 @@ class AdaservePolicy(PolicyBase):
             it.cands, it.slo, it.draft_depth, context, it.draft_width
         )
         return Decision(
-            selection, plan.depth, plan.width, plan.budget, self.infeasible(it.slo, plan),
+            selection, plan.depth, plan.width, plan.budget, self._selected_infeasible,
             predicted_accepted=expected,
         )  # fmt: skip
 
@@ -563,12 +584,12 @@ class AdaservePolicy(PolicyBase):
             return None
         return lead_weight(slo, self.config.lead_scale, self.config.lead_floor)
 
-    def infeasible(self, slo: SloBatch, plan: Plan) -> torch.Tensor:
+    def _infeasible(self, slo: SloBatch, depth: int) -> torch.Tensor:
         """[B] bool: requests whose SLO no depth-d tree could meet even alone, served best
         effort so they do not take the budget from those it can help (AdaServe 4.3)."""
         if self.t_spec_ms is None:
             return torch.zeros_like(slo.has_slo)
-        best_tpot_ms = self.t_spec_ms / (plan.depth + 1)
+        best_tpot_ms = self.t_spec_ms / (depth + 1)
         return slo.has_slo & (slo.tpot_slo_ms < best_tpot_ms)
 
 
@@ -577,6 +598,21 @@ def beyond_reach(cands: Candidates, required: torch.Tensor) -> torch.Tensor:
     The SLO phase visits the most-behind first: under overload, requests too far behind would
     take the budget from those it could keep on track."""
     return required > expected_accepted(cands, cands.valid)
+
+
+@dataclass(frozen=True)
+class _SloTerms:
+    """What the selection takes of the SLO state for a draft of `shape`, computed when the draft
+    is planned (beside the device's work) rather than between the draft and its verify:
+    the throughput phase's rank weight [B] (None: f' alone), the requests served best effort
+    as beyond any tree [B] bool, A(r) [B] (0 for those), the draft's sunk cost in ms."""
+
+    slo: SloBatch
+    shape: tuple[int, int]
+    weight: torch.Tensor | None
+    infeasible: torch.Tensor
+    required: torch.Tensor
+    sunk_ms: float
 
 
 @dataclass(frozen=True)
