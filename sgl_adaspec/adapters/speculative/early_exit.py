@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from sgl_adaspec.adapters.speculative.fallbacks import Fallback, fell_back
-from sgl_adaspec.adapters.speculative.iteration import Iteration, current_iteration
+from sgl_adaspec.adapters.speculative.iteration import Verifying, current_iteration
 from sgl_adaspec.adapters.speculative.runtime import warn_once
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan, exiting_rows, worth_exiting
 
@@ -167,10 +167,11 @@ def _test(model, run: ExitRun, stream: torch.Tensor) -> torch.Tensor:
     return exiting_rows(run.row_token, run.row_parent, parent_logits, run.plan.topk)
 
 
-def plan_exit_run(worker, forward_batch, scope: Iteration) -> ExitRun | None:
+def plan_exit_run(worker, forward_batch, verifying: Verifying) -> ExitRun | None:
     """The early exit of this verify pass, or None (not asked for, not worth it by eq. 10, or
     a setup the hook cannot split: logged once)."""
-    plan = scope.decision.early_exit if scope.decision is not None else None
+    decision = verifying.decision
+    plan = decision.early_exit if decision is not None else None
     if plan is None:
         return None
     causal_lm = worker.model_runner.model
@@ -182,17 +183,19 @@ def plan_exit_run(worker, forward_batch, scope: Iteration) -> ExitRun | None:
         )
         return None
     try:
-        return _build_exit_run(scope, causal_lm, model, plan, forward_batch)
+        return _build_exit_run(verifying, causal_lm, model, plan, forward_batch)
     except Exception as exc:  # the exit is an optimisation: never fail a verify for it
         fell_back(Fallback.EARLY_EXIT, exc)
         return None
 
 
-def _build_exit_run(scope: Iteration, causal_lm, model, plan, forward_batch) -> ExitRun | None:
+def _build_exit_run(
+    verifying: Verifying, causal_lm, model, plan, forward_batch
+) -> ExitRun | None:
     """The packed rows' tokens and tree links (see `ExitRun`), if eq. 10 says to test."""
-    keep = scope.keep
+    keep = verifying.keep
     bs, ntok = keep.shape
-    parents = scope.parents  # [bs, ntok]; kept nodes' parents are kept too
+    parents = verifying.parents  # [bs, ntok]; kept nodes' parents are kept too
     flat_keep = keep.cpu().reshape(-1)
     rows = flat_keep.nonzero().squeeze(1)
     row_of = torch.full((bs * ntok,), -1, dtype=torch.long)

@@ -36,7 +36,12 @@ from sgl_adaspec.adapters.speculative.draft_tiers import needs_draft_probs, run_
 from sgl_adaspec.adapters.speculative.early_exit import exit_run, plan_exit_run
 from sgl_adaspec.adapters.speculative.fallbacks import Fallback, fell_back
 from sgl_adaspec.adapters.speculative.host_read_count import counted_host_reads
-from sgl_adaspec.adapters.speculative.iteration import Iteration, current_iteration, iteration_scope
+from sgl_adaspec.adapters.speculative.iteration import (
+    Iteration,
+    Verifying,
+    current_iteration,
+    iteration_scope,
+)
 from sgl_adaspec.adapters.speculative.plain_decode import one_node_verify, plain_decode, warm_shape
 from sgl_adaspec.adapters.speculative.runtime import (
     current_policy,
@@ -95,8 +100,8 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
             with plain_decode(worker, state.tiers if plan.keep_warm else None, state.deferred_topk):
                 verify_start = clock.now()
                 result = original(worker, batch, *args, **kwargs)
-                scope.verify_ms = 1000 * (clock.now() - verify_start)
-                scope.accepted = result.accept_lens
+                scope.verified.ms = 1000 * (clock.now() - verify_start)
+                scope.verified.accepted = result.accept_lens
         else:
             tier = contextlib.nullcontext()
             if (plan.depth, plan.width) != configured:
@@ -107,20 +112,22 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
     clock.last_decode_end_s = end
     if not state.tp_sync.leads:
         return result  # rank 0 observes for the group
-    policy = driver.policy
+    policy, verifying = driver.policy, scope.verifying
     if not plan.plain:
         rows = (plan.depth - 1) * len(batch.reqs) * plan.width
         policy.stats.observe_draft(
-            plan.depth, plan.width, rows, replayed=not scope.draft_forward_ran,
-            decided=scope.decision is not None, ragged=scope.ragged_verify,
-            extend_replayed=scope.extend_replayed, verify_replayed=scope.verify_replayed,
+            plan.depth, plan.width, rows, replayed=not scope.draft.ran_eagerly,
+            decided=verifying is not None and verifying.decision is not None,
+            ragged=scope.verified.ragged, extend_replayed=scope.draft.extend_replayed,
+            verify_replayed=scope.verified.replayed,
         )  # fmt: skip
-    if scope.verify_ms is None:  # the policy fell back: nothing observed, read it now
+    if scope.verified.ms is None:  # the policy fell back: nothing observed, read it now
         request_state.record_committed(batch.reqs, result.accept_lens)
     else:
         iteration_ms = 1000 * (end - start)
         ended = _verify_result(batch, scope, iteration_ms, after_prefill, stall_ms)
-        for outcome in driver.observe(plan, ended, scope.policy_input, scope.decision):
+        decided = (verifying.policy_input, verifying.decision) if verifying else (None, None)
+        for outcome in driver.observe(plan, ended, *decided):
             if state.decision_log is not None:
                 state.decision_log.write(outcome, policy.account())
     report_to_dispatcher(policy)
@@ -159,16 +166,16 @@ def _tier_of(tiers: TierStates | None, shape: tuple[int, int], batch) -> tuple[i
 def _verify_result(
     batch, scope: Iteration, iteration_ms: float, after_prefill: bool, stall_ms: float
 ) -> VerifyResult:
-    reqs = batch.reqs
+    reqs, verified = batch.reqs, scope.verified
     return VerifyResult(
-        accept_lens=scope.accepted,
+        accept_lens=verified.accepted,
         on_taken=partial(_requests_took, reqs),
-        verify_ms=scope.verify_ms,
+        verify_ms=verified.ms,
         iteration_ms=iteration_ms,
         rids=tuple(req.rid for req in reqs),
         context_tokens=sum(len(req.origin_input_ids) + len(req.output_ids) for req in reqs),
-        deepest_accepted=scope.deepest_accepted,
-        early_exit=scope.early_exit_counts,
+        deepest_accepted=verified.deepest_accepted,
+        early_exit=verified.early_exit_counts,
         after_prefill=after_prefill,
         stall_ms=stall_ms,
         # The CPU attention asked where the one-node verify's slots lie: it ran that path.
@@ -212,8 +219,8 @@ def draft_forward(original: Callable, draft_worker, forward_batch) -> DraftOutpu
     outputs = DraftOutputs(out, collected.path_prob)
     scope = current_iteration()
     if scope is not None:
-        scope.draft_forward_ran = True
-        scope.path_prob = outputs.path_prob
+        scope.draft.ran_eagerly = True
+        scope.draft.path_prob = outputs.path_prob
     return outputs
 
 
@@ -225,7 +232,7 @@ def replayed_draft(original: Callable, runner, shape_key, forward_batch):
     scope = current_iteration()
     path_prob = getattr(out, "path_prob", None)
     if scope is not None and path_prob is not None:
-        scope.path_prob = path_prob[: runner.raw_bs].clone()
+        scope.draft.path_prob = path_prob[: runner.raw_bs].clone()
     return out
 
 
@@ -245,7 +252,7 @@ def replayed_draft_extend(original: Callable, runner, shape_key, forward_batch):
     out = original(runner, shape_key, forward_batch)
     scope = current_iteration()
     if scope is not None:
-        scope.extend_replayed = True
+        scope.draft.extend_replayed = True
     return out
 
 
@@ -273,55 +280,55 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         driver is None
         or scope is None
         or scope.plain
-        or scope.path_prob is None
+        or scope.draft.path_prob is None
         or batch.forward_mode.is_idle()
     ):
         return original(worker, batch, *args, **kwargs)
     verify_input = batch.spec_info
     with counted_host_reads() as reads:
-        tree = draft_tree(verify_input, scope.path_prob, marked=reads is not None)
+        tree = draft_tree(verify_input, scope.draft.path_prob, marked=reads is not None)
         # The draft tree's parent links, walked once: the candidates, the pruning and the early
         # exit all read them (pruning only unlinks nodes, so kept nodes keep these parents).
-        scope.parents = verify_tree_parents(tree)
+        parents = verify_tree_parents(tree)
         sync = state.tp_sync
         shape = (len(batch.reqs), verify_input.draft_token_num)
         it = decision = keep = None
         if sync.leads:
-            it, decision = _decide(batch, driver, scope, tree)
+            it, decision = _decide(batch, driver, scope.plan, tree, parents)
             keep = torch.ones(shape, dtype=torch.bool, device=tree.path_prob.device)
             if decision is not None:
                 keep[:, 1:] = decision.selection.mask
         keep = sync.mask(keep, shape, tree.path_prob.device)
         if decision is not None or not sync.leads:
-            prune_tree(tree, keep, scope.parents)
+            prune_tree(tree, keep, parents)
     if reads is not None:
         driver.policy.stats.observe_host_reads(reads.count, reads.sites)
         # The marks stay in the window: what SGLang's verify receives is plain.
-        keep, scope.parents = unmarked(keep), unmarked(scope.parents)
+        keep, parents = unmarked(keep), unmarked(parents)
     if decision is None and sync.leads:  # the full tree, as every rank got it
         return original(worker, batch, *args, **kwargs)
-    scope.policy_input, scope.decision, scope.keep = it, decision, keep
-    clock = state.clock
+    scope.verifying = Verifying(parents, it, decision, keep)
+    verified, clock = scope.verified, state.clock
     start = clock.now()
     result = original(worker, batch, *args, **kwargs)
-    scope.verify_ms = 1000 * (clock.now() - start)
+    verified.ms = 1000 * (clock.now() - start)
     if decision is None:
         return result  # a follower: rank 0 observes for the group
-    scope.accepted = result.accept_lens
+    verified.accepted = result.accept_lens
     ids, lens = result.next_token_ids, result.accept_lens
     if ids is not None and lens is not None:  # walked on the host once the copies landed
-        scope.deepest_accepted = partial(
+        verified.deepest_accepted = partial(
             deepest_accepted, it.cands.to_host(), to_host(decision.selection.mask),
             to_host(ids), to_host(lens), verify_input.draft_token_num,
         )  # fmt: skip
     return result
 
 
-def _decide(batch, driver: IterationDriver, scope: Iteration, tree: DraftTree):
+def _decide(batch, driver: IterationDriver, plan: DraftPlan, tree: DraftTree, parents):
     """The policy's input and decision, or (None, None) if the policy raised: the full tree is
     then verified, because the policy must never take the server down."""
     try:
-        it = iteration_input(batch, driver.policy, scope, tree)
+        it = iteration_input(batch, driver.policy, plan, tree, parents)
         decision = driver.decide(it)
         for req, hopeless in zip(batch.reqs, decision.infeasible.tolist()):
             req._adaspec_state.infeasible |= hopeless
@@ -331,16 +338,18 @@ def _decide(batch, driver: IterationDriver, scope: Iteration, tree: DraftTree):
     return it, decision
 
 
-def iteration_input(batch, policy: PolicyBase, scope: Iteration, tree: DraftTree) -> IterationInput:
+def iteration_input(
+    batch, policy: PolicyBase, plan: DraftPlan, tree: DraftTree, parents: torch.Tensor
+) -> IterationInput:
     """What the policy sees of this iteration (see `IterationInput`): the candidates of the
-    draft the iteration's plan ran, and the SLO state it was planned for."""
+    draft `plan` ran (parents [bs, ntok]: its tree's links), and the SLO state it was planned
+    for."""
     reqs = batch.reqs
-    cands = candidates_from_verify_input(tree, scope.parents)
+    cands = candidates_from_verify_input(tree, parents)
     blind = draft_blind(reqs)  # [B] bool, host
     if bool(blind.any()):  # the draft never read their prompts: nothing of theirs pays
         blind = blind.to(cands.path_prob.device, non_blocking=True).unsqueeze(1)
         cands = cands.with_path_prob(cands.path_prob.masked_fill(blind, 0.0))
-    plan = scope.plan
     return IterationInput(
         cands=cands,
         slo=plan.slo,
@@ -363,13 +372,13 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
     the policy's early exit (`sglang.early_exit`) where it asked for one and the model
     supports it."""
     scope = current_iteration()
-    keep = scope.keep if scope is not None else None
-    if not kwargs.get("is_verify", False) or keep is None:
+    verifying = scope.verifying if scope is not None else None
+    if not kwargs.get("is_verify", False) or verifying is None:
         return original(worker, batch, forward_batch, *args, **kwargs)
     spec_info = forward_batch.spec_info
     if _replays_verify_graph(worker, forward_batch):
         # A graph verifies the captured [bs, ntok] shape: the pruned tree restricts acceptance.
-        scope.verify_replayed = True
+        scope.verified.replayed = True
         return original(worker, batch, forward_batch, *args, **kwargs)
     if not _backend_runs_ragged_verify(worker):
         warn_once(
@@ -377,13 +386,15 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
             f"attention backend; {type(worker.model_runner.attn_backend).__name__} verifies "
             "the tier's whole tree and the selection restricts acceptance"
         )
-        if scope.decision is not None and scope.decision.early_exit is not None:
+        decision = verifying.decision
+        if decision is not None and decision.early_exit is not None:
             warn_once(
                 "sgl_adaspec: faser early exit runs on the plugin's torch attention backend "
                 "(the CPU recipe) only; verifying in full"
             )
         return original(worker, batch, forward_batch, *args, **kwargs)
-    run = plan_exit_run(worker, forward_batch, scope)
+    run = plan_exit_run(worker, forward_batch, verifying)
+    keep = verifying.keep
     if run is None and bool(keep.all()):
         return original(worker, batch, forward_batch, *args, **kwargs)
     rows = keep.reshape(-1).nonzero().squeeze(1)  # [kept] rows of the [bs * ntok] layout
@@ -393,7 +404,7 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
     for name, value in full.items():
         setattr(forward_batch, name, value[rows])
     scope.layout.nodes = [row.nonzero().squeeze(1) for row in keep]
-    scope.ragged_verify = True
+    scope.verified.ragged = True
     try:
         with exit_run(run):
             result = original(worker, batch, forward_batch, *args, **kwargs)
@@ -402,12 +413,12 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
             setattr(forward_batch, name, value)
         scope.layout.nodes = None
     if run is not None and run.exited is not None:
-        scope.early_exit_counts = (run.tested, int(run.exited.sum()), run.test_ms)
+        scope.verified.early_exit_counts = (run.tested, int(run.exited.sum()), run.test_ms)
         if bool(run.exited.any()):
             # Exited nodes leave the tree: acceptance stops at their parents (lossless).
             rows = rows[~run.exited]
             keep = torch.zeros_like(keep).view(-1).index_fill_(0, rows, True).view(keep.shape)
-            prune_tree(draft_tree(spec_info, scope.path_prob), keep, scope.parents)
+            prune_tree(draft_tree(spec_info, scope.draft.path_prob), keep, verifying.parents)
     scatter_rows(result.logits_output, rows, keep.numel())
     return result
 

@@ -21,43 +21,64 @@ from sgl_adaspec.speculative.policies.base import Decision, IterationInput
 
 
 @dataclass
-class Iteration:
-    """One speculative iteration's state: every hook of the iteration reads and writes it here
-    (`current_iteration()`), nothing is left on SGLang's objects.
-    - plan: the draft the iteration runs (its tier's shape: `tier_states`; depth 0: plain),
-      with the SLO state it was planned for; None until planned (or on an idle batch);
-    - draft_forward_ran: the draft ran eagerly (`draft_forward`), not as a graph replay;
-    - path_prob [bs, ntok-1]: f of SGLang's candidate nodes, in its node order (root excluded);
-    - parents [bs, ntok] int64 (the draft's device): its tree's parent links
-      (`tree.verify_tree_parents`);
-    - policy_input / decision: what the policy saw and decided;
-    - keep [bs, ntok] bool: nodes verified (closed under parent, roots included);
-    - layout: what the torch attention backend is told of the verify and found
-      (`platform.cpu.verify_layout`);
-    - early_exit_counts: (tested, exited, test_ms) of the verify pass's early exit;
-    - verify_ms / accepted [bs]: the verify pass's latency and accept lengths;
-    - deepest_accepted: computes [bs], each request's deepest accepted candidate node (-1:
-      none), on the host once the verify's results landed (`tree.deepest_accepted`); None
-      when unknown;
-    - ragged_verify: the verify forward ran on the kept nodes only (`hooks.target_forward`);
-    - extend_replayed: the draft extend ran as a graph replay;
-    - verify_replayed: the target's verify ran as a graph replay (the whole tree)."""
+class DraftRun:
+    """What the draft's hooks found: whether the beam search ran eagerly (`draft_forward`, not
+    a graph replay), f of SGLang's candidate nodes [bs, ntok-1] in its node order (root
+    excluded), and whether the draft extend ran as a graph replay."""
 
-    plan: DraftPlan | None = None
-    draft_forward_ran: bool = False
+    ran_eagerly: bool = False
     path_prob: torch.Tensor | None = None
-    parents: torch.Tensor | None = None
-    policy_input: IterationInput | None = None
-    decision: Decision | None = None
-    keep: torch.Tensor | None = None
-    layout: VerifyLayout = field(default_factory=VerifyLayout)
-    early_exit_counts: tuple[int, int, float] | None = None
-    verify_ms: float | None = None
+    extend_replayed: bool = False
+
+
+@dataclass(frozen=True)
+class Verifying:
+    """What `hooks.verify` decided, handed to the target's forward (`target_forward`,
+    `early_exit`) and to the iteration's observe:
+    - parents [bs, ntok] int64 (the draft's device): the tree's parent links
+      (`tree.verify_tree_parents`; pruning only unlinks nodes, so kept nodes keep them);
+    - policy_input / decision: what the policy saw and decided (None on a TP follower);
+    - keep [bs, ntok] bool: nodes verified (closed under parent, roots included)."""
+
+    parents: torch.Tensor
+    policy_input: IterationInput | None
+    decision: Decision | None
+    keep: torch.Tensor
+
+
+@dataclass
+class VerifyRun:
+    """What the verify pass did: its latency (None until it ran under a decision), accept
+    lengths [bs], a function computing each request's deepest accepted candidate node [bs]
+    (-1: none) on the host once the results landed (`tree.deepest_accepted`; None: unknown),
+    the early exit's (tested, exited, test_ms), whether it ran on the kept nodes only
+    (`hooks.target_forward`) and whether it ran as a graph replay (the whole tree)."""
+
+    ms: float | None = None
     accepted: torch.Tensor | None = None
     deepest_accepted: Callable[[], torch.Tensor | None] | None = None
-    ragged_verify: bool = False
-    extend_replayed: bool = False
-    verify_replayed: bool = False
+    early_exit_counts: tuple[int, int, float] | None = None
+    ragged: bool = False
+    replayed: bool = False
+
+
+@dataclass
+class Iteration:
+    """One speculative iteration's state, in the order its stages hand it on; every hook of
+    the iteration reads and writes it here (`current_iteration()`), nothing is left on SGLang's
+    objects.
+    - plan: the draft the iteration runs (its tier's shape: `tier_states`; depth 0: plain),
+      with the SLO state it was planned for; None until planned (or on an idle batch);
+    - draft, verifying, verified: what the draft found, what the verify decided, what the
+      verify pass did (above);
+    - layout: what the torch attention backend is told of the verify and found
+      (`platform.cpu.verify_layout`)."""
+
+    plan: DraftPlan | None = None
+    draft: DraftRun = field(default_factory=DraftRun)
+    verifying: Verifying | None = None
+    verified: VerifyRun = field(default_factory=VerifyRun)
+    layout: VerifyLayout = field(default_factory=VerifyLayout)
 
     @property
     def plain(self) -> bool:
