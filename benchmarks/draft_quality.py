@@ -4,7 +4,7 @@
 
 1. Top-1 agreement, teacher-forced: the held-out Spec-Bench questions (every 6th, never trained
    on) with the float32 target's greedy continuation (128 tokens; built once and cached by
-   ``sgl_adaspec.models.train_eagle``). The draft runs in float32 from the exported bf16
+   ``sgl_adaspec.models.eagle_data_plan``). The draft runs in float32 from the exported bf16
    weights, fed exactly what SGLang feeds it; at step s > 1 it consumes its own hidden state
    (draft decode). Reported per step over the generated tokens: fraction where the draft's argmax
    equals the target's. Step 1 is the headline, also split by Spec-Bench category.
@@ -31,18 +31,14 @@ import requests
 import torch
 from safetensors import safe_open
 
+from sgl_adaspec.local_server.launch import Server, eagle_flags
 from sgl_adaspec.models.copy_rule import copy_rule_guesses
 from sgl_adaspec.models.eagle_data import Shard, spec_bench_heldout_categories
+from sgl_adaspec.models.eagle_data_plan import EVAL_MAX_NEW, build_eval_set
 from sgl_adaspec.models.eagle_draft import load_draft
+from sgl_adaspec.models.eagle_loss import sequence_inputs
 from sgl_adaspec.models.smollm2 import prepare_smollm2
-from sgl_adaspec.models.train_eagle import (
-    DEFAULT_EXPORT,
-    EVAL_MAX_NEW,
-    build_eval_set,
-    default_work_dir,
-    sequence_inputs,
-)
-from sgl_adaspec.local_server.launch import Server, eagle_flags
+from sgl_adaspec.models.train_eagle import DEFAULT_EXPORT, default_work_dir
 
 STEPS, TOPK, NUM_DRAFT_TOKENS = 4, 2, 8
 

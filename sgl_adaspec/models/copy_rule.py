@@ -1,7 +1,7 @@
 """The copy rule: a draft-free baseline that says how much of a text repeats its context.
 
 At draft position ``t`` the current token is ``ids[t+1]`` and the token to predict ``ids[t+2]``
-(the pairing in ``train_eagle.sequence_inputs``). The rule predicts whatever followed the most
+(the pairing in ``eagle_loss.sequence_inputs``). The rule predicts whatever followed the most
 recent earlier occurrence of the current token. A one-layer EAGLE draft cannot express this
 (matching a token, then reading its successor, takes two attention layers), so comparing it
 with the draft shows how much of a miss is copying the draft's layout cannot do.

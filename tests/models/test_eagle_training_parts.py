@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from sgl_adaspec.models import train_eagle
+from sgl_adaspec.models import eagle_data_plan
 from sgl_adaspec.models.copy_rule import copy_rule_guesses
 from sgl_adaspec.models.eagle_data import (
     Shard,
@@ -15,17 +15,16 @@ from sgl_adaspec.models.eagle_data import (
     spec_bench_heldout_categories,
     spec_bench_split,
 )
+from sgl_adaspec.models.eagle_data_plan import length_batches
 from sgl_adaspec.models.eagle_draft import DraftShape
-from sgl_adaspec.models.train_eagle import (
-    ShardPool,
+from sgl_adaspec.models.eagle_loss import (
     draft_losses,
-    estimated_uses,
     generated_positions,
-    init_draft,
-    length_batches,
     sequence_inputs,
     training_selection,
 )
+from sgl_adaspec.models.eagle_shard_pool import ShardPool, estimated_uses
+from sgl_adaspec.models.train_eagle import init_draft
 
 SHAPE = DraftShape(
     hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
@@ -64,9 +63,9 @@ def test_length_batches_respect_the_token_budget() -> None:
     batches = length_batches(prompts)
     assert sorted(map(len, (p for b in batches for p in b))) == sorted(map(len, prompts))
     for b in batches:
-        assert len(b) <= train_eagle.GEN_BATCH
-        assert len(b) == 1 or len(b) * (max(map(len, b)) + train_eagle.GEN_MAX_NEW) <= (
-            train_eagle.GEN_TOKEN_BUDGET
+        assert len(b) <= eagle_data_plan.GEN_BATCH
+        assert len(b) == 1 or len(b) * (max(map(len, b)) + eagle_data_plan.GEN_MAX_NEW) <= (
+            eagle_data_plan.GEN_TOKEN_BUDGET
         )
 
 

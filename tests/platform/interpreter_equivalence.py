@@ -1,5 +1,5 @@
-"""`sgl_adaspec.adapters.platform.cpu.ops` vs SGLang's own Triton kernels, run by the Triton
-interpreter.
+"""The CPU kernels of `sgl_adaspec.adapters.platform.cpu` (`tree_build`, `tree_verify`,
+`cache_slots`: "ops" below) vs SGLang's own Triton kernels, run by the Triton interpreter.
 
 Every ops function claims to compute exactly what the SGLang kernel it stands in for computes.
 This script checks that claim bit for bit (torch.equal on every output tensor) over many
@@ -56,7 +56,7 @@ from sglang.srt.speculative.eagle_utils import organize_draft_results  # noqa: E
 from sglang.srt.speculative.spec_utils import select_top_k_tokens  # noqa: E402
 from sglang.srt.utils import fast_topk, next_power_of_2  # noqa: E402
 
-from sgl_adaspec.adapters.platform.cpu import ops  # noqa: E402
+from sgl_adaspec.adapters.platform.cpu import cache_slots, tree_build, tree_verify  # noqa: E402
 
 VOCAB = 48
 HIDDEN = 4
@@ -280,7 +280,7 @@ def check_tree(case: Case, gen: torch.Generator):
             case.mode,
         )
         if who == "ops":
-            run_ops("build_tree_kernel_efficient", ops.build_tree_kernel_efficient, *args)
+            run_ops("build_tree_kernel_efficient", tree_build.build_tree_kernel_efficient, *args)
         else:
             sgl_build_tree_kernel_triton(*args)
         outs[who] = dict(
@@ -367,7 +367,7 @@ def check_verify(case: Case, candidates, tree, rng, gen):
             target_predict,
         )
         if who == "ops":
-            run_ops("verify_tree_greedy", ops.verify_tree_greedy, *args)
+            run_ops("verify_tree_greedy", tree_verify.verify_tree_greedy, *args)
         else:
             verify_tree_greedy_triton(*args)
         outs[who] = dict(
@@ -400,7 +400,10 @@ def check_accept_ops(case: Case, verify_out, gen):
     num_front = num_correct + 1
     got = torch.zeros(size, dtype=torch.int64)
     want = torch.zeros(size, dtype=torch.int64)
-    run_ops("fill_front_out_cache_loc", ops.fill_front_out_cache_loc, num_front, out_cache_loc, got)
+    run_ops(
+        "fill_front_out_cache_loc", cache_slots.fill_front_out_cache_loc,
+        num_front, out_cache_loc, got,
+    )
     window = out_cache_loc.view(bs, -1)
     rows = torch.arange(bs, device=window.device)
     starts = torch.zeros_like(num_front)
@@ -413,7 +416,7 @@ def check_accept_ops(case: Case, verify_out, gen):
     got = torch.zeros(size, dtype=torch.int64)
     want = torch.zeros(size, dtype=torch.int64)
     run_ops(
-        "fill_accept_out_cache_loc", ops.fill_accept_out_cache_loc,
+        "fill_accept_out_cache_loc", cache_slots.fill_accept_out_cache_loc,
         accept_index, out_cache_loc, got, size,
     )
     eagle.fill_accept_out_cache_loc[(size,)](
@@ -428,7 +431,7 @@ def check_accept_ops(case: Case, verify_out, gen):
     got = torch.full((bs,), -9, dtype=torch.int32)  # torch.empty_like in SGLang
     want = got.clone()
     run_ops(
-        "fill_bonus_tokens", ops.fill_bonus_tokens,
+        "fill_bonus_tokens", cache_slots.fill_bonus_tokens,
         accept_tokens, accept_lens, got, accept_index.shape[1], bs,
     )
     eagle.fill_bonus_tokens[(bs,)](accept_tokens, accept_lens, want, accept_index.shape[1])
@@ -456,7 +459,8 @@ def check_pool_ops(case: Case, rng: random.Random, gen: torch.Generator):
             pos_got = torch.full((bs * topk,), -4, dtype=torch.int64) if with_positions else None
             pos_want = pos_got.clone() if with_positions else None
             run_ops(
-                "assign_draft_cache_locs_contiguous", ops.assign_draft_cache_locs_contiguous,
+                "assign_draft_cache_locs_contiguous",
+                cache_slots.assign_draft_cache_locs_contiguous,
                 req_pool_indices, req_to_token, seq_lens, got, topk, num_cols,
                 positions=pos_got, mrope=None,
             )
@@ -479,7 +483,7 @@ def check_pool_ops(case: Case, rng: random.Random, gen: torch.Generator):
     start = seq_lens
     end = seq_lens + ntok
     got = run_ops(
-        "assign_extend_cache_locs", ops.assign_extend_cache_locs,
+        "assign_extend_cache_locs", cache_slots.assign_extend_cache_locs,
         req_pool_indices, req_to_token, start, end, bs, ntok, "cpu",
     )
     want = torch.empty((bs * ntok,), dtype=torch.int64)
@@ -494,7 +498,7 @@ def check_pool_ops(case: Case, rng: random.Random, gen: torch.Generator):
     end = start + lengths
     packed = int(lengths.sum())
     got = run_ops(
-        "assign_extend_cache_locs", ops.assign_extend_cache_locs,
+        "assign_extend_cache_locs", cache_slots.assign_extend_cache_locs,
         req_pool_indices, req_to_token, start, end, bs, ntok, "cpu",
     )
     want = torch.empty((bs * ntok,), dtype=torch.int64)
@@ -516,7 +520,7 @@ def check_pool_ops(case: Case, rng: random.Random, gen: torch.Generator):
     out_cache_loc = torch.randint(0, 1 << 20, (int(grow.sum()),), generator=gen)
     got_table, want_table = req_to_token.clone(), req_to_token.clone()
     run_ops(
-        "assign_req_to_token_pool", ops.assign_req_to_token_pool,
+        "assign_req_to_token_pool", cache_slots.assign_req_to_token_pool,
         req_pool_indices, got_table, cur, nxt, out_cache_loc, bs,
     )
     allocation.assign_req_to_token_pool[(bs,)](
@@ -542,7 +546,8 @@ def check_gather_spec_extras(case: Case, rng: random.Random, gen: torch.Generato
     indices = torch.randint(0, rows, (bs,), generator=gen)
     case.inputs.update(gather_indices=indices)
     got = run_ops(
-        "gather_spec_extras", ops.gather_spec_extras, indices, topk_p, topk_index, bonus, states
+        "gather_spec_extras", cache_slots.gather_spec_extras,
+        indices, topk_p, topk_index, bonus, states,
     )
     want = sgl_gather_spec_extras(indices, topk_p, topk_index, bonus, states)
     for name, g, w in zip(("topk_p", "topk_index", "bonus_tokens", "hidden_states"), got, want):

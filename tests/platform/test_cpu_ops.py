@@ -1,4 +1,5 @@
-"""The pure-torch speculative ops (`sgl_adaspec.adapters.platform.cpu.ops`).
+"""The pure-torch speculative ops (`sgl_adaspec.adapters.platform.cpu`: `tree_build`,
+`tree_verify`, `cache_slots`).
 
 - `test_ops_match_triton_kernels_under_interpreter`: the ops against SGLang's own Triton kernels,
   bit for bit, over seeded random SGLang-produced drafts (`interpreter_equivalence.py`, run in a
@@ -20,7 +21,7 @@ import pytest
 import torch
 from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
 
-from sgl_adaspec.adapters.platform.cpu import ops
+from sgl_adaspec.adapters.platform.cpu import cache_slots, tree_build, tree_verify
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -87,7 +88,7 @@ def _build(seq_lens, mode, mask, parent_list=None, selected=None, topk=TOPK, ste
     selected = torch.tensor(selected if selected is not None else [SELECTED] * bs)
     retrieve = torch.full((3, bs, ntok), -1, dtype=torch.long)
     positions = torch.full((bs * ntok,), -1, dtype=torch.long)
-    ops.build_tree_kernel_efficient(
+    tree_build.build_tree_kernel_efficient(
         parent_list,
         selected,
         torch.tensor(seq_lens, dtype=torch.long),
@@ -158,7 +159,7 @@ def _verify(targets: list[list[int]]):
     predicts = torch.zeros(bs * NTOK, dtype=torch.int32)
     accept_index = torch.full((bs, STEPS + 1), -1, dtype=torch.int32)
     accept_token_num = torch.full((bs,), -7, dtype=torch.int32)
-    ops.verify_tree_greedy(
+    tree_verify.verify_tree_greedy(
         predicts,
         accept_index,
         accept_token_num,
@@ -211,7 +212,7 @@ SEQ_LENS = torch.tensor([3, 5])
 def test_assign_draft_cache_locs_contiguous():
     out = torch.full((8,), -1, dtype=torch.int64)
     positions = torch.full((4,), -1, dtype=torch.int64)
-    ops.assign_draft_cache_locs_contiguous(
+    cache_slots.assign_draft_cache_locs_contiguous(
         REQ_POOL_INDICES, _table(), SEQ_LENS, out, 2, 2, positions=positions
     )
     assert out.tolist() == [203, 204, 205, 206, 5, 6, 7, 8]
@@ -219,7 +220,7 @@ def test_assign_draft_cache_locs_contiguous():
 
 
 def test_assign_extend_cache_locs_packs_rows_from_the_front():
-    out = ops.assign_extend_cache_locs(
+    out = cache_slots.assign_extend_cache_locs(
         REQ_POOL_INDICES, _table(), SEQ_LENS, torch.tensor([5, 6]), 2, 2, "cpu"
     )
     assert out.dtype == torch.int64 and out.shape == (4,)
@@ -230,7 +231,7 @@ def test_assign_req_to_token_pool_scatters_into_rows():
     table = _table()
     expected = table.clone()
     expected[2, 3], expected[2, 4], expected[0, 5] = 900, 901, 902
-    ops.assign_req_to_token_pool(
+    cache_slots.assign_req_to_token_pool(
         REQ_POOL_INDICES, table, SEQ_LENS, torch.tensor([5, 6]),
         torch.tensor([900, 901, 902]), 2,
     )
@@ -240,21 +241,27 @@ def test_assign_req_to_token_pool_scatters_into_rows():
 def test_fill_front_out_cache_loc():
     out_cache_loc = torch.tensor([10, 11, 12, 20, 21, 22])  # bs=2 windows of 3
     front = torch.zeros(6, dtype=torch.int64)
-    ops.fill_front_out_cache_loc(torch.tensor([2, 1], dtype=torch.int32), out_cache_loc, front)
+    cache_slots.fill_front_out_cache_loc(
+        torch.tensor([2, 1], dtype=torch.int32), out_cache_loc, front
+    )
     assert front.tolist() == [10, 11, 20, 0, 0, 0]
 
 
 def test_fill_accept_out_cache_loc():
     accept_index = torch.tensor([[0, 1, -1], [3, -1, -1]], dtype=torch.int32)
     out = torch.zeros(6, dtype=torch.int64)
-    ops.fill_accept_out_cache_loc(accept_index, torch.tensor([10, 11, 12, 20, 21, 22]), out, 6)
+    cache_slots.fill_accept_out_cache_loc(
+        accept_index, torch.tensor([10, 11, 12, 20, 21, 22]), out, 6
+    )
     assert out.tolist() == [10, 11, 20, 0, 0, 0]
 
 
 def test_fill_bonus_tokens():
     accept_tokens = torch.tensor([[5, 6, 7], [8, 9, 10]], dtype=torch.int32)
     bonus = torch.full((2,), -1, dtype=torch.int32)
-    ops.fill_bonus_tokens(accept_tokens, torch.tensor([2, 1], dtype=torch.int32), bonus, 3, 2)
+    cache_slots.fill_bonus_tokens(
+        accept_tokens, torch.tensor([2, 1], dtype=torch.int32), bonus, 3, 2
+    )
     assert bonus.tolist() == [6, 8]
 
 
@@ -268,13 +275,13 @@ def test_gather_spec_extras_reads_rows_in_index_order():
     topk_p = torch.tensor([[0.5, 0.25], [0.875, 0.125], [0.75, 0.1875]])
     topk_index = torch.tensor([[3, 4], [5, 6], [7, 8]])
     bonus = torch.tensor([10, 11, 12])
-    p, index, tokens, hidden = ops.gather_spec_extras(
+    p, index, tokens, hidden = cache_slots.gather_spec_extras(
         torch.tensor([2, 0, 2]), topk_p, topk_index, bonus, None
     )
     assert p.tolist() == [[0.75, 0.1875], [0.5, 0.25], [0.75, 0.1875]]
     assert index.tolist() == [[7, 8], [3, 4], [7, 8]] and tokens.tolist() == [12, 10, 12]
     assert hidden is None
     states = torch.arange(6.0).reshape(3, 2)
-    assert ops.gather_spec_extras(torch.tensor([1]), topk_p, topk_index, bonus, states)[
+    assert cache_slots.gather_spec_extras(torch.tensor([1]), topk_p, topk_index, bonus, states)[
         3
     ].tolist() == [[2.0, 3.0]]

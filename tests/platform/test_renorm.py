@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_adaspec.adapters.platform.cpu.ops import top_k_renorm_prob, top_p_renorm_prob
+from sgl_adaspec.adapters.platform.cpu.renorm import top_k_renorm_prob, top_p_renorm_prob
 
 PROBS = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_adaspec.adapters.platform.cpu import ops
+from sgl_adaspec.adapters.platform.cpu import tree_verify
 
 # One request, tree: root(0) -> {1: token 3, 2: token 5}, 1 -> {3: token 2}.
 CANDIDATES = torch.tensor([[7, 3, 5, 2]])
@@ -28,7 +28,7 @@ def run(
         predicts = torch.zeros(4, dtype=torch.int32)
         accept_index = torch.full((1, 3), -1, dtype=torch.int32)
         accept_num = torch.zeros(1, dtype=torch.int32)
-        ops.tree_speculative_sampling_target_only(
+        tree_verify.tree_speculative_sampling_target_only(
             predicts=predicts,
             accept_index=accept_index,
             accept_token_num=accept_num,

@@ -27,7 +27,8 @@ from sgl_adaspec.speculative.adaserve.modes import BLIND_AFTER
 from sgl_adaspec.speculative.adaserve.plain_price import WARM_SHARE_DECAY, PlainPrice
 from sgl_adaspec.speculative.adaserve.policy import AdaservePolicy
 from sgl_adaspec.speculative.latency import VerifyLatency
-from sgl_adaspec.speculative.policies.base import MAX_PLAIN_UNFITTED, make_outcome
+from sgl_adaspec.speculative.policies.base import make_outcome
+from sgl_adaspec.speculative.policies.measurements import MAX_PLAIN_UNFITTED
 
 
 def test_a_plain_decode_is_priced_among_plain_ones():

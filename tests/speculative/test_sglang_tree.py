@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sgl_adaspec.adapters.platform.cpu.ops import NO_NODE, sibling_links, tree_parent_nodes
+from sgl_adaspec.adapters.platform.cpu.tree_build import NO_NODE, sibling_links
+from sgl_adaspec.adapters.platform.cpu.tree_verify import tree_parent_nodes
 from sgl_adaspec.adapters.speculative.tree import (
     candidates_from_verify_input,
     draft_tree,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_adaspec.adapters.platform.cpu.ops import NO_NODE, sibling_links
+from sgl_adaspec.adapters.platform.cpu.tree_build import NO_NODE, sibling_links
 from sgl_adaspec.speculative.candidates import Candidates, path_min
 from sgl_adaspec.speculative.host_reads import on_device
 

@@ -15,32 +15,24 @@ An iteration may run without speculation (`draft_shape` returned depth 0): the p
 not asked to decide, and the outcome says so (draft_depth 0, every request verified 1 token).
 
 Policies are pure (tensors and dataclasses, no SGLang) and keep their own state across
-iterations; `PolicyBase` holds what all share (smoothed latencies, baseline TPOT, statistics,
-the fitted latency models).
+iterations; `PolicyBase` holds what all share: the feedback sequence and the driver's questions
+here, the smoothed latencies, baseline TPOT, statistics and fitted latency models in
+`policies/measurements.py`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
 from sgl_adaspec.scheduler.slo import SloBatch
-from sgl_adaspec.speculative.accept_calibration import AcceptanceCalibration
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan
 from sgl_adaspec.speculative.host_copy import to_host
-from sgl_adaspec.speculative.latency import LinearLatency, VerifyLatency
+from sgl_adaspec.speculative.policies.measurements import PolicyMeasurements
 from sgl_adaspec.speculative.selection import Selection
-from sgl_adaspec.speculative.shapes import draft_rows
-from sgl_adaspec.speculative.stats import SpecStats
-
-# Plain iterations in a row that price a plain decode even if none was steady (`observe`).
-MAX_PLAIN_UNFITTED = 3
-# Weight of the past, per iteration, in the decayed sums behind `wall_per_decode`.
-STALL_DECAY = 0.99
 
 
 @dataclass(frozen=True)
@@ -239,13 +231,10 @@ def make_outcome(
 
 
 @dataclass(kw_only=True)
-class PolicyBase:
-    """Shared state. Subclasses implement `decide` and may extend the `observe_*` methods
-    (calling super) and `forget`.
-
-    - latency_smoothing: weight of the newest measurement in the moving averages;
-    - baseline_tpot_ms_config: TPOT without speculation if given (else estimated online as the
-      smoothed verify-pass latency: one target forward, like a plain decode step)."""
+class PolicyBase(PolicyMeasurements):
+    """What the driver calls, on the measured state all policies share (`PolicyMeasurements`).
+    Subclasses implement `decide` and may extend the `observe_*` methods (calling super) and
+    `forget`."""
 
     # Whether the verify fit takes verify passes that ran as a plain decode's forward
     # (`Outcome.verify_as_decode`). A policy that prices its no-speculation choice with the
@@ -253,38 +242,6 @@ class PolicyBase:
     verify_fit_takes_decodes: ClassVar[bool] = True
     # Whether `decide` reads IterationInput.history (see there).
     needs_history = False
-
-    latency_smoothing: float = 0.3
-    baseline_tpot_ms_config: float | None = None
-    stats: SpecStats = field(default_factory=SpecStats)
-    # Smoothed wall time of a whole iteration (draft + verify) and of the verify pass, ms.
-    t_spec_ms: float | None = None
-    verify_ms: float | None = None
-    # Verify-pass latency vs (verified tokens, context tokens); draft latency per draft step.
-    verify_latency: VerifyLatency = field(default_factory=VerifyLatency)
-    draft_step_ms: float | None = None
-    # What a speculative iteration costs besides the verify pass, vs (draft steps, draft rows:
-    # `shapes.draft_rows`): draft forwards, draft extend, tree building, the scheduler's
-    # work; the intercept is the fixed price of speculating.
-    draft_latency: LinearLatency = field(default_factory=lambda: LinearLatency(num_features=2))
-    # A whole iteration without speculation vs requests n (the verify model's shape), measured
-    # as it runs, not read off verify passes: the scheduler's work around it is its own. No
-    # context: a slope over the narrow range of contexts a run of plain iterations sees
-    # extrapolates its noise, and the window follows the context as it grows.
-    plain_latency: VerifyLatency = field(default_factory=lambda: VerifyLatency(with_context=False))
-    # Maps the draft's path probability to the acceptance the target shows (learned online).
-    acceptance: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
-    _last_verify_ms: float | None = field(default=None, repr=False)
-    # Requests of the last iteration if it ran plain, else 0; plain ones since one was fitted.
-    _previous_plain: int = field(default=0, repr=False)
-    _plain_unfitted: int = field(default=0, repr=False)
-    _last_verified_tokens: int = field(default=1, repr=False)
-    # Decayed sums of decode iterations' wall time and of the stalls between them.
-    _decode_ms_sum: float = field(default=0.0, repr=False)
-    _stall_ms_sum: float = field(default=0.0, repr=False)
-    # Decayed count, sum and sum of squares of the log wall time of decode iterations, stalls
-    # included (`wall_spread`).
-    _wall_log_sums: tuple = field(default=(0.0, 0.0, 0.0), repr=False)
 
     def __post_init__(self) -> None:
         check_common_config(self.latency_smoothing, self.baseline_tpot_ms_config)
@@ -296,15 +253,7 @@ class PolicyBase:
         """The one feedback entry of an iteration: latencies, then what each request committed,
         then the statistics. Subclasses extend the pieces below, not this sequence."""
         verified_tokens = int(outcome.verified.sum())
-        self._decode_ms_sum = STALL_DECAY * self._decode_ms_sum + outcome.iteration_ms
-        self._stall_ms_sum = STALL_DECAY * self._stall_ms_sum + outcome.stall_ms
-        wall_ms = outcome.iteration_ms + outcome.stall_ms
-        if wall_ms > 0:
-            x = math.log(wall_ms)
-            count, total, squares = self._wall_log_sums
-            self._wall_log_sums = (
-                STALL_DECAY * count + 1.0, STALL_DECAY * total + x, STALL_DECAY * squares + x * x
-            )  # fmt: skip
+        self.observe_wall_time(outcome.iteration_ms, outcome.stall_ms)
         priced = not outcome.warm_up
         fitted = self.verify_fit_takes_decodes or not outcome.verify_as_decode
         self.observe_verify(
@@ -353,38 +302,6 @@ class PolicyBase:
         # scheduler beside the device's work), not between the next draft and its verify.
         self.verify_latency.coefficients()
         self.acceptance.fit()
-
-    def steady_plain(self, outcome: Outcome) -> bool:
-        """Whether `outcome` (before `observe` takes it) is a steady plain iteration, a plain
-        decode's price: a plain decode among plain ones of the same batch. The first after a
-        prefill or after speculation also pays SGLang's switch (up to 2-3x a steady one), and
-        the first after requests finished pays their release, once each, not per iteration."""
-        return (
-            not outcome.speculated
-            and self._previous_plain == len(outcome.rids)
-            and not outcome.after_prefill
-        )
-
-    @property
-    def wall_per_decode(self) -> float:
-        """Wall time a running request spends per ms of decode iterations, recently: 1 plus
-        the stalls (prefills) between its iterations. A request on its SLO track at the end
-        of an iteration falls behind it in the next stall, so while it decodes it must commit
-        at this multiple of its SLO's pace."""
-        if self._decode_ms_sum <= 0:
-            return 1.0
-        return 1.0 + self._stall_ms_sum / self._decode_ms_sum
-
-    @property
-    def wall_spread(self) -> float:
-        """Standard deviation of the log wall time of recent decode iterations, the stalls
-        before them included: how much the pace a request sees moves from one iteration to
-        the next (bursts of arrivals, prefills, batch changes); 0 before two iterations."""
-        count, total, squares = self._wall_log_sums
-        if count < 2.0:
-            return 0.0
-        mean = total / count
-        return math.sqrt(max(squares / count - mean * mean, 0.0))
 
     def account(self) -> dict:
         """Why the last iteration ran as it did, as JSON values, for the decision log
@@ -440,64 +357,6 @@ class PolicyBase:
         server builds draft tiers at these (`draft_tiers.tier_shapes`). None: any width."""
         return [topk]
 
-    def _smooth(self, old: float | None, new: float) -> float:
-        alpha = self.latency_smoothing
-        return new if old is None else (1 - alpha) * old + alpha * new
-
-    def observe_verify(
-        self,
-        latency_ms: float,
-        verified_tokens: int = 0,
-        context_tokens: int = 0,
-        priced: bool = True,
-    ) -> None:
-        """The verify pass's latency; `priced=False` keeps it out of the cost model (a
-        warm-up: `observe`)."""
-        self.verify_ms = self._smooth(self.verify_ms, latency_ms)
-        self._last_verify_ms = latency_ms
-        if verified_tokens > 0 and priced:
-            self._last_verified_tokens = verified_tokens
-            self.verify_latency.observe((verified_tokens, context_tokens), latency_ms)
-        self.stats.baseline_tpot_ms = self.baseline_tpot_ms()
-
-    def observe_iteration(
-        self,
-        latency_ms: float,
-        draft_depth: int = 0,
-        num_requests: int = 1,
-        draft_width: int = 1,
-        priced: bool = True,
-    ) -> None:
-        """Wall time of one speculative iteration; with the verify pass just observed, what
-        remains is the draft's share: `draft_depth` steps of a `draft_width` beam for
-        `num_requests` requests (kept out of the draft cost model with `priced=False`)."""
-        self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
-        self.stats.t_spec_ms = self.t_spec_ms
-        if draft_depth > 0 and self._last_verify_ms is not None and priced:
-            rest_ms = max(latency_ms - self._last_verify_ms, 0.0)
-            self.draft_step_ms = self._smooth(self.draft_step_ms, rest_ms / draft_depth)
-            rows = draft_rows(draft_depth, draft_width, num_requests)
-            self.draft_latency.observe((draft_depth, rows), rest_ms)
-        self._last_verify_ms = None
-
-    def observe_plain_iteration(
-        self,
-        latency_ms: float,
-        num_requests: int = 1,
-        context_tokens: int = 0,
-        steady: bool = True,
-    ) -> None:
-        """Wall time of one iteration run without speculation; only `steady` ones (see
-        `observe`) price a plain decode, unless none has come for MAX_PLAIN_UNFITTED in a row
-        (prefills between every two decodes)."""
-        self.t_spec_ms = self._smooth(self.t_spec_ms, latency_ms)
-        self.stats.t_spec_ms = self.t_spec_ms
-        self._last_verify_ms = None
-        self._plain_unfitted += 1
-        if steady or self._plain_unfitted >= MAX_PLAIN_UNFITTED:
-            self.plain_latency.observe((num_requests, context_tokens), latency_ms)
-            self._plain_unfitted = 0
-
     def observe_outcome(
         self, rids: tuple[str, ...], verified: torch.Tensor, accepted: torch.Tensor
     ) -> None:
@@ -511,22 +370,6 @@ class PolicyBase:
 
     def forget(self, rid: str) -> None:
         """Drop per-request state of a finished request."""
-
-    def baseline_tpot_ms(self) -> float | None:
-        if self.baseline_tpot_ms_config is not None:
-            return self.baseline_tpot_ms_config
-        return self.verify_ms
-
-    def verify_ms_per_token(self, verified_tokens: float | None = None) -> float | None:
-        """Marginal verify-pass latency of one more verified token at `verified_tokens` (default:
-        the last pass's count)."""
-        tokens = self._last_verified_tokens if verified_tokens is None else verified_tokens
-        return self.verify_latency.marginal_ms(tokens)
-
-    def predict_verify_ms(self, verified_tokens: float, context_tokens: float) -> float | None:
-        """Verify-pass latency for a batch of that size, from the fitted model (None before
-        the first observation)."""
-        return self.verify_latency.predict((verified_tokens, context_tokens))
 
 
 def policy_calls():

@@ -8,6 +8,7 @@ sgl-kernel CPU ops) keeps its own path too: these hooks only fill the generic `-
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import types
 from collections.abc import Callable
@@ -93,9 +94,9 @@ def eager_on_cpu(original: Callable, *args, **kwargs):
 
 
 def _verify_tree_greedy(*args, topk: int = -1, **kwargs):
-    from sgl_adaspec.adapters.platform.cpu import ops
+    from sgl_adaspec.adapters.platform.cpu.tree_verify import verify_tree_greedy
 
-    ops.verify_tree_greedy(*args, **kwargs)
+    verify_tree_greedy(*args, **kwargs)
     names = ("predicts", "accept_index", "accept_token_num")
     bound = dict(zip(names, args)) | {k: kwargs[k] for k in names if k in kwargs}
     return bound["predicts"], bound["accept_index"], bound["accept_token_num"]
@@ -168,47 +169,46 @@ def create_draft_extend_backend(original: Callable, factory):
     return TorchTreeAttnBackend(factory.draft_model_runner)
 
 
-
 def setup() -> None:
     """What the CPU path needs besides its hooks (`hook_table`): the torch_native attention
     factory and the kernels SGLang leaves as None on CPU."""
-    from sgl_adaspec.adapters.platform.cpu import ops
+    from sgl_adaspec.adapters.platform.cpu.renorm import top_k_renorm_prob, top_p_renorm_prob
+    from sgl_adaspec.adapters.platform.cpu.tree_verify import tree_speculative_sampling_target_only
 
     _register_attention_factory()
-    for name in ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob"):
-        _provide_missing_kernel("sglang.srt.speculative.eagle_utils", name, getattr(ops, name))
+    for kernel in (tree_speculative_sampling_target_only, top_k_renorm_prob, top_p_renorm_prob):
+        _provide_missing_kernel("sglang.srt.speculative.eagle_utils", kernel.__name__, kernel)
 
 
-def _routed(name: str) -> Callable:
-    """`route_on_cpu` of `ops.<name>`, importing ops on first use."""
+def _routed(module: str, name: str) -> Callable:
+    """`route_on_cpu` of `<module>.<name>` in this package, importing the module on first use
+    (it imports SGLang's kernels)."""
 
     def hook(original, *args, **kwargs):
-        from sgl_adaspec.adapters.platform.cpu import ops
-
+        kernels = importlib.import_module(f"sgl_adaspec.adapters.platform.cpu.{module}")
         if on_generic_cpu(_first_tensor(args, kwargs).device):
-            return getattr(ops, name)(*args, **kwargs)
+            return getattr(kernels, name)(*args, **kwargs)
         return original(*args, **kwargs)
 
     hook.__qualname__ = f"route_on_cpu({name})"
     return hook
 
 
-build_tree_on_cpu = _routed("build_tree_kernel_efficient")
-assign_draft_cache_locs_on_cpu = _routed("assign_draft_cache_locs_contiguous")
-assign_extend_cache_locs_on_cpu = _routed("assign_extend_cache_locs")
-fill_front_out_cache_loc_on_cpu = _routed("fill_front_out_cache_loc")
-fill_bonus_tokens_on_cpu = _routed("fill_bonus_tokens")
-fill_accept_out_cache_loc_on_cpu = _routed("fill_accept_out_cache_loc")
-assign_req_to_token_pool_on_cpu = _routed("assign_req_to_token_pool")
-gather_spec_extras_on_cpu = _routed("gather_spec_extras")
+build_tree_on_cpu = _routed("tree_build", "build_tree_kernel_efficient")
+assign_draft_cache_locs_on_cpu = _routed("cache_slots", "assign_draft_cache_locs_contiguous")
+assign_extend_cache_locs_on_cpu = _routed("cache_slots", "assign_extend_cache_locs")
+fill_front_out_cache_loc_on_cpu = _routed("cache_slots", "fill_front_out_cache_loc")
+fill_bonus_tokens_on_cpu = _routed("cache_slots", "fill_bonus_tokens")
+fill_accept_out_cache_loc_on_cpu = _routed("cache_slots", "fill_accept_out_cache_loc")
+assign_req_to_token_pool_on_cpu = _routed("cache_slots", "assign_req_to_token_pool")
+gather_spec_extras_on_cpu = _routed("cache_slots", "gather_spec_extras")
 verify_tree_greedy_on_cpu = route_on_cpu(_verify_tree_greedy)
+
 
 def _provide_missing_kernel(module_name: str, name: str, torch_impl: Callable) -> None:
     """Fill a kernel SGLang leaves as None where it has no implementation (its CPU sampling
     verify). The hook registry cannot wrap a None (it would rebind every None it finds), and
     there is nothing to route around: the name is set only while it is None."""
-    import importlib
-
     module = importlib.import_module(module_name)
     if getattr(module, name) is None:
         setattr(module, name, torch_impl)
