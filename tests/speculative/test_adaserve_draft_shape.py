@@ -33,7 +33,8 @@ from sgl_adaspec.speculative.adaserve.modes import (
     REMEASURE_PLAIN,
     REMEASURE_RUN,
 )
-from sgl_adaspec.speculative.adaserve.policy import FLOOR_MEASUREMENTS, AdaservePolicy
+from sgl_adaspec.speculative.adaserve.policy import AdaservePolicy
+from sgl_adaspec.speculative.adaserve.pricing import FLOOR_MEASUREMENTS
 from sgl_adaspec.speculative.decision_log import DecisionLog
 from sgl_adaspec.speculative.latency import VerifyLatency
 from sgl_adaspec.speculative.policies.base import make_outcome

@@ -202,7 +202,7 @@ def test_from_a_plain_run_the_plan_asks_the_switch_margin_of_the_batch_and_the_r
     """The margins the policy hands its plan: from a plain iteration, the record's edge over
     the switch margin (the batch's to clear) and the record's edge alone (each guarded
     group's); while speculating, the record's edge for both."""
-    from sgl_adaspec.speculative.adaserve import policy as adaserve
+    from sgl_adaspec.speculative.adaserve import pricing
 
     asked = []
 
@@ -210,8 +210,8 @@ def test_from_a_plain_run_the_plan_asks_the_switch_margin_of_the_batch_and_the_r
         asked.append((kwargs["margin"], kwargs["guard_margin"]))
         return real_plan(**kwargs)
 
-    real_plan = adaserve.plan_shape
-    monkeypatch.setattr(adaserve, "plan_shape", planned)
+    real_plan = pricing.plan_shape
+    monkeypatch.setattr(pricing, "plan_shape", planned)
     policy = speculating_policy(AdaserveConfig(explore_interval=100))
     record = policy.record_at(1)
     for _ in range(4):  # past MIN_RECORD decayed iterations
