@@ -39,7 +39,6 @@ from sgl_adaspec.adapters.speculative.iteration import Iteration, current_iterat
 from sgl_adaspec.adapters.speculative.plain_decode import one_node_verify, plain_decode, warm_shape
 from sgl_adaspec.adapters.speculative.runtime import (
     current_policy,
-    report_to_dispatcher,
     runtime,
     warn_once,
 )
@@ -115,7 +114,6 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         outcome = driver.observe(plan, result_read, scope.policy_input, scope.decision)
         if state.decision_log is not None:
             state.decision_log.write(outcome, policy.account())
-    report_to_dispatcher(policy)
     return result
 
 
