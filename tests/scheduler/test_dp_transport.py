@@ -9,6 +9,7 @@ reads; its refresh is SGLang's, `DataParallelController.refresh_load_budget`).""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -45,6 +46,7 @@ from sgl_adaspec.adapters.dp_transport import (
 from sgl_adaspec.adapters.speculative import runtime as plugin_runtime
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.replica_report import MAX_LISTED, ReplicaReporter, rid_key
+from tests.e2e.test_data_parallel_e2e import SUMMARY
 
 CURVE = (10.0, 20.0, 30.0, 40.0)
 
@@ -183,7 +185,7 @@ def sent(monkeypatch):
     return sent
 
 
-def test_the_dispatcher_decides_on_the_remote_replicas_report(sent):
+def test_the_dispatcher_decides_on_the_remote_replicas_report(sent, caplog):
     """Replica 1 writes from "another node" (zmq); a request that only its report makes
     safe to send there goes there, and the controller's book holds that report."""
     addr, shm = ipc_addr(), temp_path()
@@ -203,6 +205,10 @@ def test_the_dispatcher_decides_on_the_remote_replicas_report(sent):
         assert dispatcher.book.reports[1] == report({"y": 50.0})
         assert dispatcher.book.load(1, 2).slos_ms == (50.0, 40.0)  # counted until listed
         assert dispatcher.tally["reports"] == 1
+        with caplog.at_level(logging.INFO, logger=dp_adapter.logger.name):
+            dispatcher.summarize()
+        assert SUMMARY.search(caplog.text).groups() == ("1", "1", dispatcher.transport)
+        assert not dispatcher.tally  # counted afresh after each summary
         # Replica 1's next report lists it: counted from the report alone.
         writers[1].write(snapshot(1, 2, {"y": 50.0, "new": 40.0}))
         time.sleep(0.05)
