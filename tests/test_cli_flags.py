@@ -71,6 +71,11 @@ BAD_FLAGS = [
         ),
         (["--dp", "2", "--slo-dispatch", "on"], "which --spec-policy static does not keep"),
         (
+            [*EAGLE_TREE, "--spec-policy", "adaserve", "--slo-dispatch", "on", "--dp", "2",
+             "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "127.0.0.1:29871"],
+            "--slo-dispatch on needs its --dp replicas on one node (got --nnodes 2)",
+        ),  # fmt: skip
+        (
             ["--adaserve-draft-tokens-per-step", "0"],
             "--adaserve-draft-tokens-per-step must be >= 1, got 0",
         ),

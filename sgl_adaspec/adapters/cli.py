@@ -15,7 +15,6 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
-from sgl_adaspec.adapters.dp import prepare_state_dir
 from sgl_adaspec.config import AdaspecConfig, ConfigError
 from sgl_adaspec.flags import add_flags, dest, flag_fields
 from sgl_adaspec.speculative.policies import POLICIES, TREE_ALGORITHMS, get_policy_spec
@@ -52,7 +51,6 @@ def adopt(config: AdaspecConfig, server_args: Any) -> None:
     check_compatible(config, server_args)
     config.load_slo_config()
     config.export()
-    prepare_state_dir(config)
 
 
 def check_compatible(config: AdaspecConfig, server_args: Any) -> None:
@@ -164,6 +162,14 @@ def check_slo_dispatch(config: AdaspecConfig, server_args: Any) -> None:
         raise ConfigError(
             "--slo-dispatch on dispatches to separate replicas; it does not run with "
             "--enable-dp-attention"
+        )
+    nnodes = getattr(server_args, "nnodes", 1) or 1
+    if nnodes > 1:
+        # The reports would cross nodes (they ride SGLang's load snapshots, zmq across nodes),
+        # but SGLang 0.5.23 runs --dp replicas on one node only; it refuses later, in a traceback.
+        raise ConfigError(
+            f"--slo-dispatch on needs its --dp replicas on one node (got --nnodes {nnodes}): "
+            "SGLang 0.5.23 does not run data-parallel replicas across nodes"
         )
     if config.spec_policy == "static":
         raise ConfigError(

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["before", "after", "around"]
+Kind = Literal["before", "after", "around", "replace"]
 
 
 class CaptureSafetyError(RuntimeError):
@@ -30,7 +30,7 @@ class CaptureSafetyError(RuntimeError):
 @dataclass(frozen=True)
 class Hook:
     target: str  # SGLang's function, dotted path
-    hook: str  # the plugin's function, "module:name"
+    hook: str  # the plugin's function, "module:name" (for "replace": the object put there)
     kind: Kind
     why: str  # what it reads and writes; where captured, why a replay keeps it correct
     captured: bool = False  # SGLang calls target inside a captured region on CUDA
@@ -43,6 +43,7 @@ class Hook:
 
 SRT = "sglang.srt"
 ADAPTERS = "sgl_adaspec.adapters"
+LOADS = f"{ADAPTERS}.dp_transport"
 SPEC = f"{ADAPTERS}.speculative.hooks"
 CPU = f"{ADAPTERS}.platform.cpu.hooks"
 WORKER = f"{SRT}.speculative.eagle_worker_v2.EAGLEWorkerV2"
@@ -92,6 +93,14 @@ HOOKS: tuple[Hook, ...] = (
          f"{ADAPTERS}.dp:controller_started", "after", "SLO-aware DP dispatch"),
     Hook(f"{SRT}.managers.data_parallel_controller.DataParallelController.event_loop",
          f"{ADAPTERS}.dp:controller_event_loop", "around", "SLO-aware dispatch"),
+    Hook(f"{SRT}.managers.scheduler_components.load_inquirer.SchedulerLoadInquirer.get_loads",
+         f"{LOADS}:with_report", "after", "the replica's DP report in its load snapshot"),
+    Hook(f"{SRT}.managers.scheduler.Scheduler.publish_load_snapshot",
+         f"{LOADS}:publish_when_report_due", "before", "publishes a due DP report at once"),
+    Hook(f"{SRT}.managers.load_snapshot.snapshot_decoder", f"{LOADS}:SnapshotDecoder",
+         "replace", "a module attribute: decodes snapshots keeping the DP report"),
+    Hook(f"{SRT}.managers.load_snapshot.zmq_reader_owner", f"{LOADS}:controller_collects",
+         "around", "the DP controller collects zmq snapshots under --slo-dispatch on"),
     # One speculative iteration, outside every captured region: the driver, the decision and
     # the tier switch (a decision reaches a graph only as its inputs: which tier's graphs run,
     # the tree pruned before the verify).
@@ -180,8 +189,8 @@ def guarded(hook: Hook) -> Callable:
     """The function registered for `hook`: as it is where the table declares it captured (and
     for coroutines, which no captured region runs); otherwise refusing to run in one."""
     function = hook.function()
-    if hook.captured or inspect.iscoroutinefunction(function):
-        return function
+    if hook.captured or hook.kind == "replace" or inspect.iscoroutinefunction(function):
+        return function  # a replacement is an object SGLang's registry puts in place as is
     from sgl_adaspec.adapters.platform.cpu.graph_emulation import sealed
 
     @functools.wraps(function)
@@ -212,7 +221,7 @@ def markdown() -> str:
     ]
     for hook in HOOKS:
         target = hook.target.removeprefix("sglang.srt.").removeprefix("sglang.")
-        where = "yes" if hook.captured else "no (guarded)"
+        where = "yes" if hook.captured else "no" if hook.kind == "replace" else "no (guarded)"
         path = " (CPU path)" if hook.cpu_path else ""
         rows.append(
             f"| `{target}` | `{hook.hook.split(':')[1]}`{path} | {hook.kind} | {where} | "

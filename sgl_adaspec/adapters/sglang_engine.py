@@ -19,13 +19,11 @@ server args were parsed (`prepare_server_args`) stands.
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 from sglang.srt.entrypoints.engine import Engine as SglangEngine
 
 from sgl_adaspec.adapters import cli
-from sgl_adaspec.adapters.dp import STATE_DIR_ENV
 from sgl_adaspec.config import AdaspecConfig
 
 
@@ -36,7 +34,6 @@ class Engine(SglangEngine):
         server_args = kwargs.get("server_args")
         if plugin or server_args is None:
             config = AdaspecConfig.from_mapping(plugin)
-            os.environ.pop(STATE_DIR_ENV, None)  # replicas report to this engine's own folder
             # SGLang's flags as given, unresolved, as the launcher's check sees them.
             cli.adopt(config, server_args or SimpleNamespace(**kwargs))
         super().__init__(**kwargs)

@@ -11,6 +11,9 @@ per-token time with one more request.
   per-token time hardly grows with the batch (a GPU below its knee) that is the fewest
   requests, as SGLang's `total_requests`; SLOs only rule out replicas.
 - Where no replica can take it without a miss, the least harm: the largest margin.
+- A replica that cannot meet the request's SLO even serving it alone is not offered it while
+  another can. SLOs relative to the baseline TPOT resolve against each replica's own baseline
+  (replicas on unlike hardware have unlike baselines), so the target may differ by replica.
 The first form of the rule sent every request to the largest margin; in the simulator that
 piled the looser classes onto the replicas without tight requests (4 replicas of a100x4-llama70b
 at 8 req/s each: chat 0.83 against 0.96 with `total_requests`). See docs/parallel.md.
@@ -21,6 +24,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from sgl_adaspec.scheduler.request_slo import RequestSlo
 
 
 @dataclass(frozen=True)
@@ -59,19 +64,35 @@ def margin_ms(replica: ReplicaLoad, slo_ms: float | None) -> float | None:
     return (min(slos) if slos else math.inf) - tpot
 
 
-def choose_replica(replicas: Sequence[ReplicaLoad], slo_ms: float | None) -> int:
-    """Index of the replica for a new request with TPOT SLO `slo_ms` (None: best effort).
-    Without every replica's per-token time it falls back to the fewest requests in flight."""
+def targets_ms(slo: RequestSlo | None, baselines_ms: Sequence[float | None]) -> list:
+    """The request's TPOT SLO on each replica (None: best effort there, or a relative class
+    while that replica's baseline is unknown), from the replicas' baselines."""
+    if slo is None:
+        return [None] * len(baselines_ms)
+    targets = [slo.resolve_ms(baseline) for baseline in baselines_ms]
+    return [t if t is not None and math.isfinite(t) else None for t in targets]
+
+
+def choose_replica(
+    replicas: Sequence[ReplicaLoad], slo_ms: float | None | Sequence[float | None]
+) -> int:
+    """Index of the replica for a new request with TPOT SLO `slo_ms` (None: best effort), one
+    for every replica or one per replica (`targets_ms`). Without every replica's per-token time
+    it falls back to the fewest requests in flight."""
     if not replicas:
         raise ValueError("no replica to dispatch to")
-    margins = [margin_ms(replica, slo_ms) for replica in replicas]
+    targets = list(slo_ms) if isinstance(slo_ms, Sequence) else [slo_ms] * len(replicas)
+    margins = [margin_ms(replica, target) for replica, target in zip(replicas, targets)]
     if any(margin is None for margin in margins):
         return min(range(len(replicas)), key=lambda i: replicas[i].requests)
 
     def speed(i: int) -> tuple[float, int]:
         return replicas[i].tpot_ms(replicas[i].requests + 1), replicas[i].requests
 
-    candidates = range(len(replicas))
+    able = [
+        i for i, target in enumerate(targets) if target is None or replicas[i].tpot_ms(1) <= target
+    ]
+    candidates = able or range(len(replicas))
     harmless = [i for i in candidates if margins[i] >= 0]
     if harmless:
         return min(harmless, key=speed)

@@ -1,26 +1,23 @@
 """SLO-aware dispatch across DP replicas: the rule (`dp_dispatch.py`) on hand-computed cases,
-the replica's report and the controller's dispatcher (`dp_adapter.py`) on fakes of SGLang's
-controller (only the attributes the dispatcher reads)."""
+and the replica's report and the dispatcher's book of reports (`replica_report.py`). The
+adapter on SGLang's load snapshots: `test_dp_transport.py`."""
 
 from __future__ import annotations
 
-import json
 import math
-from types import SimpleNamespace
 
 import pytest
 
-from sgl_adaspec.adapters import dp as dp_adapter
-from sgl_adaspec.adapters.dp import (
-    READ_INTERVAL_S,
+from sgl_adaspec.scheduler.dp_dispatch import ReplicaLoad, choose_replica, margin_ms, targets_ms
+from sgl_adaspec.scheduler.replica_report import (
+    MAX_LISTED,
+    PENDING_S,
     REPORT_INTERVAL_S,
-    STATE_DIR_ENV,
     ReplicaReporter,
-    SloDispatcher,
+    ReportBook,
+    rid_key,
 )
-from sgl_adaspec.config import AdaspecConfig
-from sgl_adaspec.scheduler.dp_dispatch import ReplicaLoad, choose_replica, margin_ms
-from sgl_adaspec.speculative.policies.base import PolicyBase
+from sgl_adaspec.scheduler.request_slo import RequestSlo
 
 # Per-token time with 1, 2, 3, 4 requests.
 CURVE = (10.0, 20.0, 30.0, 40.0)
@@ -75,98 +72,81 @@ def test_ties_go_to_the_faster_then_the_emptier_replica_and_unknown_times_to_the
         choose_replica([], None)
 
 
-def fitted_policy() -> PolicyBase:
-    policy = PolicyBase()
-    for n, ms in ((1, 10.0), (2, 14.0), (4, 22.0), (8, 38.0)):
-        policy.plain_latency.observe((n, 0), ms)
-    policy.verify_ms = 12.0
-    return policy
+def test_a_replica_that_cannot_meet_the_slo_alone_is_not_offered_it_while_another_can():
+    # Replica 0 is fast but loaded (margin min(12, 25) - 40 = -28); replica 1 is idle but
+    # takes 30 ms per token even alone, over the request's 25 ms (margin -5). The least harm
+    # would be replica 1, which can never meet it; replica 0 can once its load drains.
+    replicas = [ReplicaLoad(3, (12.0,), CURVE), ReplicaLoad(0, (), (30.0, 35.0))]
+    assert choose_replica(replicas, 25.0) == 0
+    # Where no replica can meet it alone, the least harm as before.
+    replicas = [ReplicaLoad(3, (12.0,), (26.0, 40.0)), ReplicaLoad(0, (), (30.0, 35.0))]
+    assert choose_replica(replicas, 25.0) == 1
+    # Best effort: no replica is ruled out.
+    assert choose_replica([ReplicaLoad(3, (), CURVE), ReplicaLoad(0, (), (30.0,))], None) == 1
 
 
-def test_the_report_is_written_whole_throttled_and_at_once_when_no_slo_is_left(tmp_path):
-    reporter = ReplicaReporter(tmp_path / "dp0.json", max_requests=4)
-    policy = fitted_policy()
-    reporter.track("a", 50.0)
-    reporter.track("b", None)  # best effort: not listed
-    assert reporter.maybe_write(policy, now_s=100.0)
-    report = json.loads((tmp_path / "dp0.json").read_text())
-    assert report["slos_ms"] == {"a": 50.0}
-    curve = report["tpot_ms_by_requests"]
-    assert len(curve) == 4 and curve[0] < curve[1] < curve[3]
-    assert curve[0] == pytest.approx(10.0, abs=1.0) and curve[3] == pytest.approx(22.0, abs=1.0)
-    assert report["baseline_tpot_ms"] == 12.0
-    reporter.track("c", 80.0)
-    assert not reporter.maybe_write(policy, now_s=100.0 + REPORT_INTERVAL_S / 2)
-    assert reporter.maybe_write(policy, now_s=100.0 + 2 * REPORT_INTERVAL_S)
-    reporter.finish("a")
-    reporter.finish("c")
-    assert reporter.maybe_write(policy, now_s=100.0 + 2 * REPORT_INTERVAL_S)  # empty: at once
-    assert json.loads((tmp_path / "dp0.json").read_text())["slos_ms"] == {}
-    assert not reporter.maybe_write(policy, now_s=200.0)  # nothing changed
+def test_relative_classes_resolve_against_each_replicas_own_baseline():
+    coding = RequestSlo("coding", baseline_multiple=1.2)
+    assert targets_ms(coding, [10.0, 30.0]) == [pytest.approx(12.0), pytest.approx(36.0)]
+    assert targets_ms(coding, [10.0, None]) == [pytest.approx(12.0), None]
+    assert targets_ms(RequestSlo("chat", tpot_slo_ms=50.0), [10.0, 30.0]) == [50.0, 50.0]
+    assert targets_ms(RequestSlo("best_effort"), [10.0, 30.0]) == [None, None]
+    assert targets_ms(None, [10.0]) == [None]
+    # Replica 1 runs at three times replica 0's baseline (other hardware). Against its own
+    # baseline the class holds there (36 ms target, 33 ms alone); against replica 0's, replica
+    # 1 could never meet it, and the request would join replica 0's queue past its SLO.
+    replicas = [ReplicaLoad(2, (), (11.0, 13.0, 15.0)), ReplicaLoad(0, (), (33.0, 40.0))]
+    assert choose_replica(replicas, targets_ms(coding, [10.0, 30.0])) == 1
+    assert choose_replica(replicas, 12.0) == 0
 
 
-class FakeController:
-    """Two replicas; what SGLang's controller gives the dispatcher."""
-
-    def __init__(self, requests):
-        self.workers = ["w0", "w1"]
-        self._active_workers = [0, 1]
-        self.dp_budget = SimpleNamespace(total_requests=list(requests))
-        self.refreshes = 0
-
-    def refresh_load_budget(self):
-        self.refreshes += 1
-
-    def maybe_external_dp_rank_routing(self, req):
-        return False
+def reporter(curve=(10.0, 14.0), baseline=12.0) -> ReplicaReporter:
+    return ReplicaReporter(lambda: curve, lambda: baseline)
 
 
-def request(rid, tpot_slo_ms=None):
-    params = None if tpot_slo_ms is None else {"tpot_slo_ms": tpot_slo_ms}
-    return SimpleNamespace(rid=rid, sampling_params=SimpleNamespace(custom_params=params))
+def test_the_report_is_rebuilt_when_changed_throttled_and_at_once_when_no_slo_is_left():
+    replica = reporter()
+    replica.track("a", 50.0)
+    replica.track("b", None)  # best effort: not listed
+    assert replica.due(100.0)
+    report = replica.current(100.0)
+    assert report.slos_ms == {rid_key("a"): 50.0}
+    assert report.tpot_ms_by_requests == (10.0, 14.0) and report.baseline_tpot_ms == 12.0
+    replica.track("c", 80.0)
+    assert not replica.due(100.0 + REPORT_INTERVAL_S / 2)
+    assert replica.current(100.0 + REPORT_INTERVAL_S / 2) is report  # the last one stands
+    assert rid_key("c") in replica.current(100.0 + 2 * REPORT_INTERVAL_S).slos_ms
+    replica.finish("a")
+    replica.finish("c")
+    assert replica.due(100.0 + 2 * REPORT_INTERVAL_S)  # empty: at once
+    assert replica.current(100.0 + 2 * REPORT_INTERVAL_S).slos_ms == {}
+    assert not replica.due(200.0)  # nothing changed
 
 
-@pytest.fixture
-def dispatcher(tmp_path, monkeypatch):
-    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path))
-    monkeypatch.setenv("ADASPEC_CONFIG", AdaspecConfig(spec_policy="adaserve").to_json())
-    sent = []
-    monkeypatch.setattr(dp_adapter, "send", lambda worker, req: sent.append((worker, req.rid)))
-    controller = FakeController([1, 1])
-    dispatcher = SloDispatcher(controller)
-    dispatcher.sent = sent
-    return dispatcher
+def test_a_report_lists_the_tightest_slos_within_its_bound():
+    replica = reporter()
+    for i in range(MAX_LISTED + 10):
+        replica.track(f"r{i}", 1000.0 - i)
+    listed = replica.current(0.0).slos_ms
+    assert len(listed) == MAX_LISTED and min(listed.values()) == 1000.0 - (MAX_LISTED + 9)
+    assert rid_key("r0") not in listed  # the loosest left off
 
 
-def write_report(folder, rank, slos, curve=CURVE):
-    report = {"slos_ms": slos, "tpot_ms_by_requests": list(curve), "baseline_tpot_ms": 10.0}
-    (folder / f"dp{rank}.json").write_text(json.dumps(report))
-
-
-def test_the_dispatcher_reads_reports_and_counts_what_it_sent_until_they_list_it(
-    dispatcher, tmp_path
-):
-    write_report(tmp_path, 0, {"x": 25.0})
-    write_report(tmp_path, 1, {"y": 500.0})
-    dispatcher(request("tight", 24.0))  # margins 24-20=4 vs 24-20=4: tie, both one request
-    dispatcher(request("tight2", 21.0))
-    first, second = dispatcher.sent
-    # The first tight request is counted on its replica, so the second goes to the other.
-    assert {first[0], second[0]} == {"w0", "w1"}
-    assert dispatcher.controller.dp_budget.total_requests == [2, 2]
-    rank = 0 if first[0] == "w0" else 1
-    assert dispatcher.replica_load(rank).slos_ms[-1] == 24.0
-    # Once the replica's report lists it, it is counted from the report alone.
-    slos = {"x": 25.0} if rank == 0 else {"y": 500.0}
-    write_report(tmp_path, rank, {**slos, "tight": 24.0})
-    dispatcher.refresh(now=dispatcher.last_read_s + READ_INTERVAL_S)
-    assert sorted(dispatcher.replica_load(rank).slos_ms) == sorted([*slos.values(), 24.0])
-
-
-def test_without_reports_the_dispatcher_sends_to_the_fewest_requests(dispatcher):
-    dispatcher.controller.dp_budget.total_requests = [3, 1]
-    dispatcher(request("a", 30.0))
-    dispatcher(request("b"))
-    assert [worker for worker, _ in dispatcher.sent] == ["w1", "w1"]
-    dispatcher(request("c"))  # 3 vs 3: the first
-    assert dispatcher.sent[-1][0] == "w0"
+def test_the_book_counts_what_was_sent_until_a_report_lists_it_or_it_expires():
+    book = ReportBook()
+    book.receive(0, reporter().current(0.0))
+    book.sent(0, "tight", 24.0, now_s=10.0)
+    book.sent(0, "loose", None, now_s=10.0)  # best effort: nothing to count
+    assert book.load(0, requests=1) == ReplicaLoad(1, (24.0,), (10.0, 14.0))
+    assert book.baseline_ms(0) == 12.0 and book.baseline_ms(1) is None
+    listed = reporter()
+    listed.track("tight", 24.0)
+    book.receive(0, listed.current(0.0))
+    assert book.load(0, requests=1).slos_ms == (24.0,)  # from the report alone
+    # SGLang counts no request there: the report is older than its count.
+    assert book.load(0, requests=0).slos_ms == ()
+    book.sent(1, "other", 30.0, now_s=10.0)
+    book.expire(10.0 + PENDING_S / 2)
+    assert book.load(1, requests=1).slos_ms == (30.0,)
+    book.expire(10.0 + 2 * PENDING_S)
+    assert book.load(1, requests=1) == ReplicaLoad(1)

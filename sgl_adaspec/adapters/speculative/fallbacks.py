@@ -28,7 +28,7 @@ class Fallback(enum.StrEnum):
     EARLY_EXIT = "early_exit"  # the verify's early exit raised: verified in full
     COST_PROFILE = "cost_profile"  # the verify cost profile raised: policies run without it
     TIER_BUILD = "tier_build"  # building the draft tiers raised: the configured search runs
-    REPLICA_REPORT = "replica_report"  # the DP report was not written: older reports stand
+    REPLICA_REPORT = "replica_report"  # no DP report in a load snapshot: older reports stand
 
 
 class FallbackError(RuntimeError):

@@ -45,7 +45,6 @@ from sgl_adaspec.adapters.speculative.iteration import (
 from sgl_adaspec.adapters.speculative.plain_decode import one_node_verify, plain_decode, warm_shape
 from sgl_adaspec.adapters.speculative.runtime import (
     current_policy,
-    report_to_dispatcher,
     runtime,
     warn_once,
 )
@@ -130,7 +129,6 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         for outcome in driver.observe(plan, ended, *decided):
             if state.decision_log is not None:
                 state.decision_log.write(outcome, policy.account())
-    report_to_dispatcher(policy)
     return result
 
 

@@ -17,7 +17,6 @@ from sgl_adaspec.adapters.speculative.runtime import (
     from_perf_counter,
     now_s,
     replica_reporter,
-    report_to_dispatcher,
 )
 from sgl_adaspec.scheduler.request_slo import RequestSlo
 from sgl_adaspec.scheduler.slo import SloBatch
@@ -121,7 +120,6 @@ def request_finished(_result, req, *args, **kwargs) -> None:
     reporter = replica_reporter()
     if reporter is not None:
         reporter.finish(req.rid)
-        report_to_dispatcher(state.policy)
     tpot_ms = state.tpot_ms(len(req.output_ids), now_s())
     if tpot_ms is not None:
         target_ms = state.slo.resolve_ms(state.stats.baseline_tpot_ms)

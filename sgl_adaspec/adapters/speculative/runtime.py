@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from sgl_adaspec.adapters.dp import ReplicaReporter, reporter_of_scheduler
+from sgl_adaspec.adapters.dp import reporter_of_scheduler
 from sgl_adaspec.adapters.speculative import fallbacks
 from sgl_adaspec.adapters.speculative.deferred_topk import DeferredTopk
 from sgl_adaspec.adapters.speculative.fallbacks import Fallback, fell_back
@@ -19,6 +19,7 @@ from sgl_adaspec.adapters.speculative.tier_states import (
 from sgl_adaspec.adapters.speculative.tp_sync import TpSync, clock_rate, tp_sync_of_scheduler
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.cost_model import VerifyCostProfile, knee_budget
+from sgl_adaspec.scheduler.replica_report import ReplicaReporter
 from sgl_adaspec.speculative.decision_log import DecisionLog
 from sgl_adaspec.speculative.draft_tiers import tier_shapes
 from sgl_adaspec.speculative.driver import IterationDriver
@@ -86,7 +87,8 @@ class Runtime:
     cost_profile: VerifyCostProfile | None = None
     clock: LoopClock = field(default_factory=LoopClock)
     tp_sync: TpSync = field(default_factory=TpSync)
-    # This replica's SLO report to the DP controller (`--slo-dispatch on`, TP rank 0 only).
+    # This replica's SLO report to the DP controller (`--slo-dispatch on`, TP rank 0 only),
+    # carried in its load snapshots (`adapters/dp_transport.py`).
     reporter: ReplicaReporter | None = None
     # SGLang runtime states of the draft tiers, steps 0 (warm plain iterations) included; None:
     # the configured search always runs and plain iterations run cold.
@@ -146,7 +148,7 @@ def build_runtime(config: AdaspecConfig, draft_worker, sync: TpSync | None = Non
             "sgl_adaspec: TP rank %d of %d: %s", sync.rank, sync.size,
             "decides for the group" if sync.leads else "follows rank 0's decisions",
         )  # fmt: skip
-    reporter = reporter_of_scheduler(config, sync.leads)
+    reporter = reporter_of_scheduler(config, sync.leads, policy)
     tiers = build_tiers(config, draft_worker, policy, sync)
     if tiers is not None:
         policy.stats.draft_tiers = [list(shape) for shape in tiers.shapes]
@@ -297,17 +299,6 @@ def tp_sync() -> TpSync:
 def replica_reporter() -> ReplicaReporter | None:
     """This replica's SLO report to the DP controller, or None (see `Runtime.reporter`)."""
     return _RUNTIME.reporter if _RUNTIME is not None else None
-
-
-def report_to_dispatcher(policy: PolicyBase) -> None:
-    """Rewrite this replica's SLO report if it is due (`adapters.dp.ReplicaReporter`)."""
-    reporter = replica_reporter()
-    if reporter is None:
-        return
-    try:
-        reporter.maybe_write(policy, now_s())
-    except Exception as exc:  # the dispatcher then works from older reports: never stop serving
-        fell_back(Fallback.REPLICA_REPORT, exc)
 
 
 def current_policy() -> PolicyBase | None:
