@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from sgl_adaspec.adapters import fleet_view
 from sgl_adaspec.adapters.speculative import request_state
 from sgl_adaspec.adapters.speculative.blind_prefill import draft_blind
 from sgl_adaspec.adapters.speculative.deferred_topk import fill_topk
@@ -116,6 +117,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         if state.decision_log is not None:
             state.decision_log.write(outcome, policy.account())
     report_to_dispatcher(policy)
+    fleet_view.publish(policy, end)
     return result
 
 
