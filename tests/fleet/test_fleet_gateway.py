@@ -70,10 +70,23 @@ class Worker:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 if "x-smg-routing-key" in headers:
                     worker.keys[headers["x-smg-routing-key"]] = time.monotonic()
-                worker.received.append(
-                    {"path": self.path, "headers": headers, "body": json.loads(body or b"null")}
-                )
+                parsed = json.loads(body or b"null")
+                worker.received.append({"path": self.path, "headers": headers, "body": parsed})
+                if isinstance(parsed, dict) and parsed.get("stream"):
+                    return self.stream()
                 self.reply(REPLY)
+
+            def stream(self) -> None:
+                """Two SSE events in HTTP chunks, a pause between them."""
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                for event in (b'data: {"text": "a"}\n\n', b"data: [DONE]\n\n"):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    self.wfile.flush()
+                    time.sleep(0.2)
+                self.wfile.write(b"0\r\n\r\n")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
@@ -221,6 +234,11 @@ def test_the_gateway_pins_each_request_to_the_server_its_rule_prefers(workers, r
             assert all(r["headers"]["x-request-id-slo-class"] == "chat" for r in generate)
             workers[0].view, workers[1].view = view(100.0), view(20.0)  # now 1 misses
             time.sleep(0.3)  # the gateway's next views
+        # A stream passes through event by event.
+        body = {**BODIES["/generate"], "stream": True}
+        with requests.post(f"{url}/generate", json=body, stream=True, timeout=10) as response:
+            events = [line for line in response.iter_lines() if line]
+        assert events == [b'data: {"text": "a"}', b"data: [DONE]"]
     finally:
         gateway.stopped.set()
         server.shutdown()
