@@ -31,3 +31,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def prometheus_sink():
+    """The plugin's Prometheus sink with a class `chat`, on prometheus_client's default registry
+    (which holds one: a second would register its series twice)."""
+    from sgl_adaspec.speculative.metrics import PrometheusSink
+
+    return PrometheusSink(slo_classes=("chat",))

@@ -21,6 +21,8 @@ PURE_MODULES = (
     "sgl_adaspec.scheduler.slo",
     "sgl_adaspec.scheduler.dp_dispatch",
     "sgl_adaspec.scheduler.replica_report",
+    "sgl_adaspec.scheduler.slo_load",
+    "sgl_adaspec.fleet.gateway",
     "sgl_adaspec.sim.engine",
     "sgl_adaspec.sim.policies",
     "sgl_adaspec.bench.runner",

@@ -69,6 +69,8 @@ HOOKS: tuple[Hook, ...] = (
          "SLO from OpenAI metadata or the SLO headers"),
     Hook(f"{SRT}.entrypoints.http_server.serve_generate_request",
          f"{ADAPTERS}.plugin:_slo_from_generate_headers", "around", "SLO from the SLO headers"),
+    Hook(f"{SRT}.entrypoints.http_server._setup_and_run_http_server",
+         f"{ADAPTERS}.fleet_view:add_routes", "before", "adds GET /adaspec/slo_load (fleet view)"),
     Hook(f"{SRT}.layers.rotary_embedding.base.RotaryEmbedding.__init__", f"{CPU}:rope_init",
          "around", "model load: a placeholder for vllm's rotary import on CPU"),
     Hook(f"{SRT}.managers.scheduler.Scheduler.__init__",

@@ -86,9 +86,12 @@ async def _slo_from_openai_metadata(original, serving, request, raw_request, *ar
     """AROUND `OpenAIServingBase.handle_request`: a request without `custom_params` takes its
     SLO fields from OpenAI's `metadata` object, which SGLang's request models do not declare
     (so it is read from the body FastAPI already parsed and cached), or else from its SLO
-    headers (`request_slo.SLO_HEADERS`; a bad value: HTTP 400 naming the header)."""
+    headers (`request_slo.ALL_SLO_HEADERS`; a bad value: HTTP 400 naming the header)."""
+    from sgl_adaspec.adapters.fleet_view import note_routing_key
     from sgl_adaspec.scheduler.request_slo import slo_params_of_metadata, with_header_slo
 
+    if raw_request is not None:
+        note_routing_key(raw_request.headers)
     if hasattr(request, "custom_params") and request.custom_params is None and raw_request:
         try:
             body = await raw_request.json()
@@ -104,9 +107,13 @@ async def _slo_from_openai_metadata(original, serving, request, raw_request, *ar
 
 async def _slo_from_generate_headers(original, obj, request, *args, **kwargs):
     """AROUND `http_server.serve_generate_request`: /generate takes SLO headers too, into each
-    prompt's `custom_params` that states no SLO of its own."""
+    prompt's `custom_params` that states no SLO of its own (behind sglang-router, which drops
+    `custom_params` there, the `x-request-id-slo-*` ones are its only SLO)."""
+    from sgl_adaspec.adapters.fleet_view import note_routing_key
     from sgl_adaspec.scheduler.request_slo import with_header_slo
 
+    if request is not None:
+        note_routing_key(request.headers)
     header_params = _header_slo(request) if request is not None else None
     if header_params is not None:
         params = obj.sampling_params

@@ -70,13 +70,23 @@ def slo_params_of_metadata(metadata) -> dict | None:
 # Request headers that carry an SLO where a body's fields do not cross a proxy (sglang-router
 # re-serializes bodies and drops `custom_params` on /generate and chat).
 SLO_HEADERS = {"x-slo-tpot-ms": TPOT_FIELD, "x-slo-ttft-ms": TTFT_FIELD, "x-slo-class": CLASS_FIELD}
+# The same under names sglang-router 0.3.2 forwards: it passes on a fixed set of request headers
+# (x-request-id and any `x-request-id-*` among them) and drops the `x-slo-*` ones on every
+# endpoint (docs/parallel.md).
+ROUTER_SLO_HEADERS = {
+    "x-request-id-slo-tpot-ms": TPOT_FIELD,
+    "x-request-id-slo-ttft-ms": TTFT_FIELD,
+    "x-request-id-slo-class": CLASS_FIELD,
+}
+ALL_SLO_HEADERS = {**SLO_HEADERS, **ROUTER_SLO_HEADERS}
 
 
 def slo_params_of_headers(headers, config: SloConfig) -> dict | None:
-    """The SLO fields of a request's headers (`SLO_HEADERS`) as `custom_params`, checked; None
-    when it has none. A bad value raises ValueError naming the header."""
-    params = {}
-    for header, field in SLO_HEADERS.items():
+    """The SLO fields of a request's headers (`ALL_SLO_HEADERS`) as `custom_params`, checked;
+    None when it has none. A bad value, or two names of one field that disagree, raises
+    ValueError naming the header."""
+    params, named = {}, {}
+    for header, field in ALL_SLO_HEADERS.items():
         value = headers.get(header)
         if value is None:
             continue
@@ -85,13 +95,15 @@ def slo_params_of_headers(headers, config: SloConfig) -> dict | None:
                 value = float(value)
             except ValueError:
                 raise ValueError(f"header {header} must be a number of ms, got {value!r}") from None
-        params[field] = value
+        if field in params and params[field] != value:
+            raise ValueError(f"headers {named[field]} and {header} disagree")
+        params[field], named[field] = value, header
     if not params:
         return None
     try:
         parse_request_slo(params, config)
     except ValueError as exc:
-        raise ValueError(f"headers {', '.join(h for h in SLO_HEADERS if h in headers)}: {exc}")
+        raise ValueError(f"headers {', '.join(named.values())}: {exc}") from None
     return params
 
 

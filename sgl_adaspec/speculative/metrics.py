@@ -8,6 +8,7 @@ the scheduler process therefore appear there, next to SGLang's own `sglang:*` se
 
 from __future__ import annotations
 
+import math
 import os
 
 from sgl_adaspec.scheduler.request_slo import CUSTOM_CLASS
@@ -112,9 +113,42 @@ class PrometheusSink:
             "Last iteration's budget B, depth d and width w, and the shape the draft ran",
             [*rank, "parameter"], multiprocess_mode="mostrecent",
         )  # fmt: skip
+        # The fleet view (`scheduler/slo_load.py`): the SLO load now, per class.
+        now = {"multiprocess_mode": "mostrecent"}
+        self.load_requests = Gauge(
+            f"{PREFIX}slo_running_requests", "Requests decoding now per SLO class",
+            [*rank, "slo_class"], **now,
+        )  # fmt: skip
+        self.load_behind = Gauge(
+            f"{PREFIX}slo_running_behind",
+            "Requests decoding now whose TPOT so far is over their SLO", [*rank, "slo_class"], **now,
+        )  # fmt: skip
+        self.load_tpot = Gauge(
+            f"{PREFIX}slo_running_tpot_seconds",
+            "Mean TPOT so far of the requests decoding now (s; NaN: none)", [*rank, "slo_class"],
+            **now,
+        )  # fmt: skip
+        self.load_slo = Gauge(
+            f"{PREFIX}slo_running_tpot_slo_seconds",
+            "Tightest TPOT SLO of the requests decoding now (s; NaN: none)", [*rank, "slo_class"],
+            **now,
+        )  # fmt: skip
+        self.load_predicted = Gauge(
+            f"{PREFIX}predicted_tpot_seconds",
+            "Per-token time predicted with `added` more requests than now (s)", [*rank, "added"],
+            **now,
+        )  # fmt: skip
+        self.load_margin = Gauge(
+            f"{PREFIX}slo_margin_seconds",
+            "Tightest TPOT SLO in force less the per-token time with one more request (s; NaN: "
+            "no SLO in force or no latency fit yet)", rank, **now,
+        )  # fmt: skip
+        self._load_labels = set(slo_classes)
         for slo_class in slo_classes:
             self._of(self.finished, slo_class)
             self._of(self.met, slo_class)
+            self._of(self.load_requests, slo_class).set(0)
+            self._of(self.load_behind, slo_class).set(0)
 
     def _of(self, metric, *labels: str):
         """The series of `metric` with these labels after this replica's `dp_rank`, if any."""
@@ -153,3 +187,22 @@ class PrometheusSink:
             met_counter.inc()
         self._of(self.tpot, slo_class).observe(tpot_ms)
         self._of(self.tpot_seconds, slo_class).observe(tpot_ms / 1000)
+
+    def observe_slo_load(self, view: dict) -> None:
+        """The fleet view of this scheduler (`slo_load.slo_load`); a class seen before and
+        gone now reads 0 requests and NaN times."""
+        classes = view.get("classes", {})
+        self._load_labels.update(classes)
+        for label in self._load_labels:
+            entry = classes.get(label, {})
+            self._of(self.load_requests, label).set(entry.get("requests", 0))
+            self._of(self.load_behind, label).set(entry.get("behind", 0))
+            self._of(self.load_tpot, label).set(_seconds(entry.get("tpot_now_ms")))
+            self._of(self.load_slo, label).set(_seconds(entry.get("tpot_slo_ms")))
+        for added, ms in enumerate(view.get("tpot_ms_added", ()), start=1):
+            self._of(self.load_predicted, str(added)).set(_seconds(ms))
+        self._of(self.load_margin).set(_seconds(view.get("margin_ms")))
+
+
+def _seconds(ms: float | None) -> float:
+    return math.nan if ms is None else ms / 1000

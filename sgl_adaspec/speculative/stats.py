@@ -208,6 +208,11 @@ class SpecStats:
         for sink in self.sinks:
             sink.observe_finished(slo_class, tpot_ms, met, tpot_slo_ms)
 
+    def observe_slo_load(self, view: dict) -> None:
+        """The scheduler's fleet view (`scheduler/slo_load.py`), mirrored into the sinks."""
+        for sink in self.sinks:
+            sink.observe_slo_load(view)
+
     def observe_speculative_ms(self, iteration_ms: float) -> None:
         """A speculative iteration's wall time: the first `FIRST_SPECULATIVE_REPORTED` are kept."""
         if len(self.first_speculative_ms) < FIRST_SPECULATIVE_REPORTED:

@@ -30,7 +30,7 @@ def test_a_failing_policy_is_counted_and_served_losslessly_without_the_strict_sw
     # One decision in five raised; the other four were observed as speculative iterations.
     assert failed >= 1 and decided >= 4 * failed - 4, state
     assert {k: v for k, v in state["fallbacks"].items() if k != "decision"} == dict.fromkeys(
-        ("early_exit", "cost_profile", "tier_build", "replica_report"), 0
+        ("early_exit", "cost_profile", "tier_build", "replica_report", "slo_load"), 0
     )
     series = metric_values(state["metrics"])
     assert series['sglang_adaspec:fallbacks_total{reason="decision"}'] == failed

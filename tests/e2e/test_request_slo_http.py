@@ -146,8 +146,9 @@ def post_with_headers(server, api: str, headers: dict, custom_params=None) -> re
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize(
     ("headers", "slo_class"),
-    [({"x-slo-class": "coding"}, "coding"), ({"x-slo-tpot-ms": "45"}, "custom")],
-)
+    [({"x-slo-class": "coding"}, "coding"), ({"x-slo-tpot-ms": "45"}, "custom"),
+     ({"x-request-id-slo-class": "chat"}, "chat")],  # the name sglang-router forwards
+)  # fmt: skip
 def test_slo_headers_are_read_on_every_api(eagle_server, api, headers, slo_class):
     before = finished_in_class(eagle_server, slo_class)
     assert post_with_headers(eagle_server, api, headers).status_code == 200

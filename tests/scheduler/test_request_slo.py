@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_adaspec.scheduler.request_slo import RequestSlo, parse_request_slo, slo_params_of_metadata
+from sgl_adaspec.scheduler.request_slo import (
+    RequestSlo,
+    parse_request_slo,
+    slo_params_of_headers,
+    slo_params_of_metadata,
+)
 from sgl_adaspec.scheduler.slo_config import BEST_EFFORT, SloClass, SloConfig
 
 CONFIG = SloConfig(
@@ -85,3 +90,36 @@ def test_slo_from_metadata_is_checked_as_custom_params():
     )
     with pytest.raises(ValueError, match="tpot_slo_ms must be a number"):
         parse_request_slo(slo_params_of_metadata({"tpot_slo_ms": "fast"}), CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({}, None),
+        ({"x-request-id": "abc"}, None),
+        ({"x-slo-class": "chat"}, {"slo_class": "chat"}),
+        ({"x-slo-tpot-ms": "45", "x-slo-ttft-ms": "900"}, {"tpot_slo_ms": 45.0, "ttft_slo_ms": 900.0}),
+        # The names sglang-router forwards (it drops x-slo-*).
+        ({"x-request-id-slo-class": "chat"}, {"slo_class": "chat"}),
+        ({"x-request-id-slo-tpot-ms": "45"}, {"tpot_slo_ms": 45.0}),
+        ({"x-request-id-slo-ttft-ms": "900"}, {"ttft_slo_ms": 900.0}),
+        ({"x-slo-tpot-ms": "45", "x-request-id-slo-tpot-ms": "45.0"}, {"tpot_slo_ms": 45.0}),
+    ],
+)  # fmt: skip
+def test_slo_headers(headers, expected):
+    assert slo_params_of_headers(headers, CONFIG) == expected
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"x-request-id-slo-tpot-ms": "fast"}, "header x-request-id-slo-tpot-ms must be a number"),
+        ({"x-request-id-slo-class": "platinum"}, "headers x-request-id-slo-class: slo_class"),
+        ({"x-request-id-slo-ttft-ms": "-1"}, "headers x-request-id-slo-ttft-ms: ttft_slo_ms"),
+        ({"x-slo-class": "chat", "x-request-id-slo-class": "coding"},
+         "headers x-slo-class and x-request-id-slo-class disagree"),
+    ],
+)  # fmt: skip
+def test_bad_slo_headers_name_the_header(headers, message):
+    with pytest.raises(ValueError, match=message):
+        slo_params_of_headers(headers, CONFIG)

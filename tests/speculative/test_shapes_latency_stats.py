@@ -352,14 +352,10 @@ def test_settled_calibration_ratio_counts_only_predictions_made_after_warm_up():
     assert report["acceptance_calibrated_over_observed"] > 1.1
 
 
-def test_numeric_slos_get_their_tpot_bucket_as_prometheus_label():
+def test_numeric_slos_get_their_tpot_bucket_as_prometheus_label(prometheus_sink):
     from prometheus_client import REGISTRY
 
-    from sgl_adaspec.speculative.metrics import (
-        TPOT_BUCKETS_MS,
-        PrometheusSink,
-        prometheus_slo_label,
-    )
+    from sgl_adaspec.speculative.metrics import TPOT_BUCKETS_MS, prometheus_slo_label
 
     assert prometheus_slo_label("chat", 50.0) == "chat"  # a named class keeps its name
     assert prometheus_slo_label("custom", None) == "custom"
@@ -370,7 +366,7 @@ def test_numeric_slos_get_their_tpot_bucket_as_prometheus_label():
 
     from sgl_adaspec.speculative.stats import SpecStats
 
-    stats = SpecStats(sinks=[PrometheusSink(slo_classes=("chat",))])
+    stats = SpecStats(sinks=[prometheus_sink])
     stats.observe_finished("custom", tpot_ms=30.0, tpot_slo_ms=40.0)
     stats.observe_finished("custom", tpot_ms=90.0, tpot_slo_ms=45.0)
     stats.observe_finished("custom", tpot_ms=90.0, tpot_slo_ms=400.0)

@@ -29,6 +29,7 @@ class Fallback(enum.StrEnum):
     COST_PROFILE = "cost_profile"  # the verify cost profile raised: policies run without it
     TIER_BUILD = "tier_build"  # building the draft tiers raised: the configured search runs
     REPLICA_REPORT = "replica_report"  # no DP report in a load snapshot: older reports stand
+    SLO_LOAD = "slo_load"  # the fleet view's gauges were not updated: older values stand
 
 
 class FallbackError(RuntimeError):

@@ -24,6 +24,7 @@ from functools import partial
 
 import torch
 
+from sgl_adaspec.adapters import fleet_view
 from sgl_adaspec.adapters.speculative import request_state
 from sgl_adaspec.adapters.speculative.blind_prefill import draft_blind
 from sgl_adaspec.adapters.speculative.deferred_topk import fill_topk
@@ -129,6 +130,7 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         for outcome in driver.observe(plan, ended, *decided):
             if state.decision_log is not None:
                 state.decision_log.write(outcome, policy.account())
+    fleet_view.publish(policy, end)
     return result
 
 

@@ -6,10 +6,12 @@ response carries."""
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 
+from sgl_adaspec.adapters import fleet_view
 from sgl_adaspec.adapters.scheduler import request_slo
 from sgl_adaspec.adapters.speculative.blind_prefill import draft_blind
 from sgl_adaspec.adapters.speculative.runtime import (
@@ -58,6 +60,16 @@ class RequestState:
         return 1000 * (now_s - self.first_token_s) / decoded if decoded > 0 else None
 
 
+# The requests decoding now, by id, for the fleet view (`adapters/fleet_view.py`); weak, so a
+# request SGLang drops without finishing it leaves no entry.
+_OPEN: weakref.WeakValueDictionary[str, RequestState] = weakref.WeakValueDictionary()
+
+
+def open_states() -> list[RequestState]:
+    """The SLO state of every request decoding now (its clock attached, not finished)."""
+    return list(_OPEN.values())
+
+
 def track_requests(reqs, policy: PolicyBase) -> None:
     """Attach SLO bookkeeping to requests decoding for the first time, in every decode
     iteration, speculative or plain, so one served without speculation still reports its TPOT
@@ -73,7 +85,7 @@ def track_requests(reqs, policy: PolicyBase) -> None:
             # At least the prefill's token: on the overlap schedule a request's first decode
             # iteration runs before that token reaches its output.
             tokens = max(len(req.output_ids), 1)
-            req._adaspec_state = RequestState(slo, start, tokens, policy)
+            req._adaspec_state = _OPEN[req.rid] = RequestState(slo, start, tokens, policy)
             policy.stats.open_requests += 1
             if reporter is not None:
                 reporter.track(req.rid, slo.resolve_ms(policy.baseline_tpot_ms()))
@@ -117,9 +129,12 @@ def request_finished(_result, req, *args, **kwargs) -> None:
     state.reported = True
     state.stats.open_requests -= 1
     forget_request(state.policy, req.rid)
+    _OPEN.pop(req.rid, None)
     reporter = replica_reporter()
     if reporter is not None:
         reporter.finish(req.rid)
+    # At once when the last request left: the gauges must not show a load that is gone.
+    fleet_view.publish(state.policy, now_s(), force=not _OPEN)
     tpot_ms = state.tpot_ms(len(req.output_ids), now_s())
     if tpot_ms is not None:
         target_ms = state.slo.resolve_ms(state.stats.baseline_tpot_ms)

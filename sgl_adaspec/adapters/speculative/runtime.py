@@ -312,7 +312,10 @@ def add_internal_state(_result, controller, state: dict) -> None:
     state_of = runtime()
     policy = current_policy()
     config = state_of.config if state_of is not None else AdaspecConfig.from_env()
-    pool_stats = controller.scheduler.pool_stats_observer.get_pool_stats()
+    scheduler = controller.scheduler
+    pool_stats = scheduler.pool_stats_observer.get_pool_stats()
+    from sgl_adaspec.adapters import fleet_view
+
     state["adaspec"] = {
         "spec_policy": config.spec_policy,
         "stats": policy.stats.as_dict() if policy is not None else None,
@@ -320,6 +323,10 @@ def add_internal_state(_result, controller, state: dict) -> None:
         # KV slots held by requests now (radix-cached, evictable prefixes excluded), computed
         # on each call unlike the periodically published `sglang:num_used_tokens`.
         "kv_tokens_used": int(pool_stats.full_num_used),
+        # The fleet view (`GET /adaspec/slo_load`).
+        "slo_load": fleet_view.scheduler_view(
+            policy, len(scheduler.running_batch.reqs), len(scheduler.waiting_queue)
+        ),
     }
 
 
