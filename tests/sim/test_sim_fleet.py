@@ -91,10 +91,10 @@ def no_check(instances, request, choice):
     pass
 
 
-def serve(method, replicas, num, rate, check, seed=0, policy="static"):
+def serve(method, replicas, num, rate, check, seed=0):
     """Serve a fleet workload with `method`, calling `check(instances, request, choice)` at
-    every dispatch; returns the result and the choices. static is the cheapest policy with
-    a latency that grows with the batch, which is all the dispatch reads."""
+    every dispatch; returns the result and the choices. Replicas run static, the cheapest
+    policy whose latency grows with the batch, which is all the dispatch reads."""
     latency = get_preset(PRESET)
     budget = knee_budget(latency.verify_profile())
     workload = fleet_workload(trace(200), num, rate, seed)
@@ -107,7 +107,7 @@ def serve(method, replicas, num, rate, check, seed=0, policy="static"):
         choices.append(choice)
         return choice
 
-    policies = [make_policy(policy, budget, latency.baseline_tpot_ms) for _ in range(replicas)]
+    policies = [make_policy("static", budget, latency.baseline_tpot_ms) for _ in range(replicas)]
     result = simulate_replicas(
         workload, latency, SYNTHETIC_DEFAULT, policies, recording, seed,
         EngineConfig(max_running_requests=16),
