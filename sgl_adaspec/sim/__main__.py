@@ -1,5 +1,5 @@
-"""`python -m sgl_adaspec.sim [--experiment rps-sweep|adaserve-grid|trace] [options]`; see
-docs/simulator.md.
+"""`python -m sgl_adaspec.sim [--experiment rps-sweep|adaserve-grid|trace|dp-dispatch|fleet]
+[options]`; see docs/simulator.md.
 
 Defaults live in `experiments.SweepConfig`; flags left out keep them.
 """
@@ -20,11 +20,18 @@ from sgl_adaspec.sim.experiments import SweepConfig, rps_sweep_main
 from sgl_adaspec.sim.latency import PRESETS
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES
 
-EXPERIMENTS = ("rps-sweep", "adaserve-grid", "trace", "dp-dispatch")
+EXPERIMENTS = ("rps-sweep", "adaserve-grid", "trace", "dp-dispatch", "fleet")
 
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
 
 
 def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
@@ -57,7 +64,13 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
         help="trace experiment: every baseline-relative SLO at this multiple of the baseline",
     )
     parser.add_argument(
-        "--replicas", type=int, help="dp-dispatch experiment: data-parallel replicas (rates per replica)"
+        "--replicas",
+        type=_counts,
+        help="dp-dispatch: data-parallel replicas; fleet: replica counts, e.g. 8,32 (rates and "
+        "--num-requests per replica in both)",
+    )
+    parser.add_argument(
+        "--server-replicas", type=int, help="fleet: replicas per server for the two-level methods"
     )
     parser.add_argument(
         "--charge-policy-time",
@@ -87,8 +100,16 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
     args = vars(parser.parse_args(argv))
     experiment = args.pop("experiment")
     given = {k: v for k, v in args.items() if v is not None}
-    if experiment == "trace" and "trace" not in given:
-        parser.error("--experiment trace needs --trace PATH")
+    if experiment in ("trace", "fleet") and "trace" not in given:
+        parser.error(f"--experiment {experiment} needs --trace PATH")
+    if "replicas" in given:  # one count for dp-dispatch, a list for the fleet
+        counts = given.pop("replicas")
+        if experiment == "fleet":
+            given["fleet_replicas"] = counts
+        elif len(counts) == 1:
+            given["replicas"] = counts[0]
+        else:
+            parser.error(f"--experiment {experiment} takes one --replicas count, got {counts}")
     try:
         config = dataclasses.replace(SweepConfig(), **given)
         _check_inputs(experiment, config)
@@ -101,8 +122,13 @@ def _check_inputs(experiment: str, config: SweepConfig) -> None:
     """The acceptance model and the trace read before anything runs, so a missing or malformed
     file is one error line rather than a traceback minutes in."""
     resolve(config.acceptance)
-    if experiment == "trace":
+    if experiment in ("trace", "fleet"):
         load_trace(Path(config.trace), config.trace_format)
+    if experiment == "fleet":
+        from sgl_adaspec.sim.fleet import fleet_methods
+
+        for replicas in config.fleet_replicas:
+            fleet_methods(replicas, config.server_replicas)  # servers split the replicas evenly
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         if config.policies == SweepConfig().policies:
             config = dataclasses.replace(config, policies=("adaserve",))
         dp_dispatch_main(config)
+    elif experiment == "fleet":
+        from sgl_adaspec.sim.fleet import fleet_main
+
+        if config.policies == SweepConfig().policies:
+            config = dataclasses.replace(config, policies=("adaserve",))
+        fleet_main(config)
     return 0
 
 

@@ -54,6 +54,10 @@ class SweepConfig:
     relative_slo_scale: float | None = None
     # The `dp-dispatch` experiment: data-parallel replicas (`replicas.py`).
     replicas: int = 1
+    # The `fleet` experiment (`fleet.py`): replica counts, and replicas per server where a
+    # router spreads over servers that dispatch by SLO (two levels).
+    fleet_replicas: tuple[int, ...] = (8, 32)
+    server_replicas: int = 4
     # Charge each policy's own wall time to the simulated clock (`EngineConfig`); 0: not.
     policy_time_scale: float = 0.0
     charge_critical_path: str | None = None  # of it, only `decide`'s (`EngineConfig`)
@@ -62,6 +66,11 @@ class SweepConfig:
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if not self.fleet_replicas or min(self.fleet_replicas) < 1 or self.server_replicas < 1:
+            raise ValueError(
+                f"replica counts and replicas per server must be >= 1: {self.fleet_replicas}, "
+                f"{self.server_replicas}"
+            )
         if not self.rates_rps or any(not r > 0 for r in self.rates_rps):
             raise ValueError(f"rates must be > 0, got {self.rates_rps}")
         if self.num_requests < 1 or self.repeats < 1:
