@@ -27,14 +27,14 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from sgl_adaspec.sim.engine import Instance, simulate_replicas
-from sgl_adaspec.sim.experiments import SweepConfig, SweepSetup, mean_summary, summarize
-from sgl_adaspec.sim.policies import make_policy
-from sgl_adaspec.sim.replicas import Dispatcher
+from sgl_adaspec.sim.engine import Instance
+from sgl_adaspec.sim.experiments import SweepConfig, SweepSetup, mean_summary
+from sgl_adaspec.sim.replicas import Dispatcher, replica_runs
 from sgl_adaspec.sim.workload import WorkloadArrays
 
 ROUTERS = ("round_robin", "least_load")
@@ -155,16 +155,9 @@ def run_fleet(config: SweepConfig, progress=print) -> dict:
             point = []
             for method in fleet_methods(replicas, config.server_replicas):
                 started = time.perf_counter()
-                runs = []
-                for workload, (_, engine_seed) in zip(workloads, setup.seeds):
-                    policies = [
-                        make_policy(policy, setup.budget, setup.baseline) for _ in range(replicas)
-                    ]
-                    result = simulate_replicas(
-                        workload, setup.latency, setup.acceptance, policies,
-                        FleetDispatcher(method), int(engine_seed), setup.engine,
-                    )  # fmt: skip
-                    runs.append(summarize(result))
+                runs = replica_runs(
+                    setup, workloads, policy, replicas, partial(FleetDispatcher, method)
+                )
                 row = {"replicas": replicas, "rate_rps": rate, "method": method.name}
                 row.update(mean_summary(runs))
                 point.append(row)

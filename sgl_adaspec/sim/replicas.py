@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, replace
+from functools import partial
 
 import numpy as np
 
@@ -60,6 +61,20 @@ class Dispatcher:
         return choose_replica(loads, slo if np.isfinite(slo) else None)
 
 
+
+def replica_runs(setup: SweepSetup, workloads: list, policy: str, replicas: int, dispatch):
+    """One summary per seed of `workloads`: `replicas` fresh instances of `policy` behind a
+    fresh `dispatch()` each run."""
+    runs = []
+    for workload, (_, engine_seed) in zip(workloads, setup.seeds):
+        policies = [make_policy(policy, setup.budget, setup.baseline) for _ in range(replicas)]
+        result = simulate_replicas(
+            workload, setup.latency, setup.acceptance, policies, dispatch(), int(engine_seed),
+            setup.engine,
+        )  # fmt: skip
+        runs.append(summarize(result))
+    return runs
+
 def run_dp_dispatch(config: SweepConfig, progress=print) -> dict:
     """Per rate (per replica) and method: the mean over seeds of `summarize`."""
     replicas = config.replicas
@@ -71,16 +86,7 @@ def run_dp_dispatch(config: SweepConfig, progress=print) -> dict:
         workloads = setup.workloads(rate * replicas)
         for method in METHODS:
             started = time.perf_counter()
-            runs = []
-            for workload, (_, engine_seed) in zip(workloads, setup.seeds):
-                policies = [
-                    make_policy(policy, setup.budget, setup.baseline) for _ in range(replicas)
-                ]
-                result = simulate_replicas(
-                    workload, setup.latency, setup.acceptance, policies, Dispatcher(method),
-                    int(engine_seed), setup.engine,
-                )  # fmt: skip
-                runs.append(summarize(result))
+            runs = replica_runs(setup, workloads, policy, replicas, partial(Dispatcher, method))
             row = {"rate_rps": rate, "method": method, **mean_summary(runs)}
             rows.append(row)
             progress(
