@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from sgl_adaspec.scheduler.slo import SloBatch
+from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.host_copy import copies_landed, to_host, wait_for
 from sgl_adaspec.speculative.policies.base import (
     Decision,
@@ -58,7 +59,8 @@ class VerifyResult:
     - verify_ms: the verify pass (the decode forward in a plain iteration); iteration_ms: the
       whole iteration;
     - deepest_accepted [B] int: each request's deepest accepted candidate node (-1: none),
-      None when unknown, or a function that computes it on the host once the copies landed;
+      None when unknown, or a function of the decided candidates that computes it on the host
+      once the copies landed;
     - the rest as `Outcome`'s fields of the same names."""
 
     accept_lens: torch.Tensor | None
@@ -66,7 +68,7 @@ class VerifyResult:
     iteration_ms: float
     rids: tuple[str, ...]
     context_tokens: int
-    deepest_accepted: torch.Tensor | Callable[[], torch.Tensor | None] | None = None
+    deepest_accepted: torch.Tensor | Callable[[Candidates], torch.Tensor | None] | None = None
     early_exit: tuple[int, int, float] | None = None
     after_prefill: bool = False
     stall_ms: float = 0.0
@@ -85,10 +87,11 @@ class VerifyResult:
             deepest_accepted=to_host(deepest) if isinstance(deepest, torch.Tensor) else deepest,
         )
 
-    def settled(self) -> VerifyResult:
-        """Once its copies landed: a deferred `deepest_accepted` computed on the host."""
+    def settled(self, cands: Candidates | None) -> VerifyResult:
+        """Once its copies landed: a deferred `deepest_accepted` computed on the host from the
+        decided candidates' host copy `cands`."""
         if callable(self.deepest_accepted):
-            return replace(self, deepest_accepted=self.deepest_accepted())
+            return replace(self, deepest_accepted=self.deepest_accepted(cands))
         return self
 
 
@@ -193,7 +196,7 @@ class IterationDriver:
         while len(self._waiting) > keep:
             ended = self._waiting.popleft()
             wait_for(ended.landed)
-            result = ended.result.settled()
+            result = ended.result.settled(ended.it.cands if ended.it is not None else None)
             with policy_calls():
                 outcome = make_outcome(
                     ended.it,

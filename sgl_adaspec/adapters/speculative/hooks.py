@@ -318,10 +318,15 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
     ids, lens = result.next_token_ids, result.accept_lens
     if ids is not None and lens is not None:  # walked on the host once the copies landed
         verified.deepest_accepted = partial(
-            deepest_accepted, it.cands.to_host(), to_host(decision.selection.mask),
-            to_host(ids), to_host(lens), verify_input.draft_token_num,
+            _walk_accepted, to_host(decision.selection.mask), to_host(ids), to_host(lens),
+            verify_input.draft_token_num,
         )  # fmt: skip
     return result
+
+
+def _walk_accepted(verified, committed_ids, accept_lens, ntok: int, cands):
+    """`tree.deepest_accepted` on the host copies, the candidates the driver copied already."""
+    return deepest_accepted(cands, verified, committed_ids, accept_lens, ntok)
 
 
 def _decide(batch, driver: IterationDriver, plan: DraftPlan, tree: DraftTree, parents):

@@ -56,7 +56,7 @@ class VerifyRun:
 
     ms: float | None = None
     accepted: torch.Tensor | None = None
-    deepest_accepted: Callable[[], torch.Tensor | None] | None = None
+    deepest_accepted: Callable[..., torch.Tensor | None] | None = None
     early_exit_counts: tuple[int, int, float] | None = None
     ragged: bool = False
     replayed: bool = False
