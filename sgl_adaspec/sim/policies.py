@@ -32,9 +32,8 @@ from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.sim.trees import SampledTrees
 from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
 from sgl_adaspec.speculative.adaserve.policy import AdaservePolicy
-from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.policies import SHAPING_POLICIES, build_policy
 from sgl_adaspec.speculative.driver import IterationDriver, VerifyResult
+from sgl_adaspec.speculative.policies import SHAPING_POLICIES, build_policy
 from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase
 from sgl_adaspec.speculative.selection import select_static
 
@@ -294,7 +293,7 @@ class ServerPolicy:
         cands = trees.candidates()
         if self.num_draft_tokens is not None:
             kept = select_static(cands, self.num_draft_tokens - 1).mask
-            cands = Candidates(cands.tokens, cands.parents, cands.path_prob, kept)
+            cands = cands.derived(valid=kept)  # a top-k by f is closed under parent
         it = IterationInput(cands, slo, rids, torch.from_numpy(context_lens), depth, width)
         decision = self.driver.decide(it)
         self._pending = (plan, it, decision, rids, int(context_lens.sum()))

@@ -38,11 +38,13 @@ class SampledTrees:
 
     def candidates(self) -> Candidates:
         num_requests, num_nodes = self.parents.shape
-        return Candidates(
+        return Candidates.of_beam(
             tokens=torch.arange(num_nodes, dtype=torch.int64).expand(num_requests, num_nodes),
             parents=torch.from_numpy(self.parents),
             path_prob=torch.from_numpy(self.path_prob),
             valid=torch.ones((num_requests, num_nodes), dtype=torch.bool),
+            depth=self.depth,
+            width=self.width,
         )
 
 

@@ -128,22 +128,24 @@ class AcceptanceCalibration:
                     rate.append(max(rate[-1], min(scale, 1.0)))
             knots = torch.tensor([0.0, *knots], dtype=torch.float64)
             rate = torch.tensor([0.0, *rate], dtype=torch.float64)
-            segments = (
+            segments = torch.stack((
                 knots[:-1], (knots[1:] - knots[:-1]).clamp(min=1e-12), rate[:-1],
-                rate[1:] - rate[:-1],
-            )  # fmt: skip
+                rate[1:] - rate[:-1], rate[1:],
+            ))  # fmt: skip  # [5, K - 1]: x0, dx, y0, dy, y1 per segment
             self._fit = (knots, rate, segments)
         return self._fit
 
     def apply(self, path_prob: torch.Tensor) -> torch.Tensor:
-        """Calibrated f' = g(f) (0 stays 0), same shape and dtype as `path_prob`."""
+        """Calibrated f' = g(f) (0 stays 0), same shape and dtype as `path_prob`. Non-decreasing
+        in f as computed, rounding included (every step is monotone and a segment's value is
+        capped at the next one's start), so f' never exceeds a parent's where f did not."""
         knots, segments = self._knots_on(path_prob.device)
         f = path_prob.double().clamp(0.0, 1.0)
-        segment = torch.searchsorted(knots, f.contiguous()).clamp(1, len(knots) - 1) - 1
-        x0, dx, y0, dy = (part[segment] for part in segments)
+        segment = torch.searchsorted(knots, f).clamp(1, len(knots) - 1) - 1
+        x0, dx, y0, dy, y1 = segments[:, segment].unbind(0)
         share = ((f - x0) / dx).clamp(0.0, 1.0)
-        calibrated = torch.where(f > 0, y0 + share * dy, 0.0)
-        return calibrated.to(path_prob.dtype)
+        # f = 0 falls in the first segment, which starts at (0, 0): it stays 0.
+        return torch.minimum(y0 + share * dy, y1).to(path_prob.dtype)
 
     def _knots_on(self, device: torch.device) -> tuple:
         """The fit's knots and segments on `device`, copied there once per fit (the fit is
@@ -152,10 +154,9 @@ class AcceptanceCalibration:
         if device.type == "cpu":
             return knots, segments
         if self._moved is None or self._moved[0] != (self.version, device):
-            moved = tuple(t.to(device, non_blocking=True) for t in (knots, *segments))
+            moved = tuple(t.to(device, non_blocking=True) for t in (knots, segments))
             self._moved = ((self.version, device), moved)
-        knots, *segments = self._moved[1]
-        return knots, tuple(segments)
+        return self._moved[1]
 
     def calibrated_sum(self, verified_f: torch.Tensor) -> float:
         """Sum of f' over the nonzero entries of `verified_f` (what the calibration predicts)."""

@@ -26,7 +26,7 @@ Glossary:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -44,13 +44,16 @@ class Candidates:
     - parents [B, N] int64: index of the parent node in the same row, -1 for a child of the root;
     - path_prob [B, N] float: f(v) in [0, 1], never larger than the parent's f;
     - valid [B, N] bool: False marks padding (its other fields are ignored). A valid node's
-      parent is valid.
+      parent is valid;
+    - beam: (depth, width) where the builder knows every valid node lies within a beam search of
+      that shape (`of_beam`), so narrowing to it is a no-op; None where unknown.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     path_prob: torch.Tensor
     valid: torch.Tensor
+    beam: tuple[int, int] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         fields = {
@@ -140,7 +143,7 @@ class Candidates:
         time."""
         tree = Candidates.trusted(
             self.tokens, self.parents, self.path_prob if path_prob is None else path_prob,
-            self.valid if valid is None else valid,
+            self.valid if valid is None else valid, self.beam,
         )  # fmt: skip
         if "depth" in self.__dict__:
             tree.__dict__["depth"] = self.__dict__["depth"]
@@ -149,22 +152,41 @@ class Candidates:
     @classmethod
     def trusted(
         cls, tokens: torch.Tensor, parents: torch.Tensor, path_prob: torch.Tensor,
-        valid: torch.Tensor,
+        valid: torch.Tensor, beam: tuple[int, int] | None = None,
     ) -> Candidates:
         """Trees built to be valid (the adapter's, from SGLang's tree), not checked: the
         checks read the tensors on the host, a device synchronisation on a GPU."""
         tree = object.__new__(cls)
         for name, value in (
             ("tokens", tokens), ("parents", parents), ("path_prob", path_prob), ("valid", valid),
+            ("beam", beam),
         ):  # fmt: skip
             object.__setattr__(tree, name, value)
+        return tree
+
+    @classmethod
+    def of_beam(
+        cls, tokens: torch.Tensor, parents: torch.Tensor, path_prob: torch.Tensor,
+        valid: torch.Tensor, depth: int, width: int,
+    ) -> Candidates:
+        """Checked trees of a depth x width beam laid out level by level (nodes
+        [l * width, (l + 1) * width) at depth l + 1; `valid` may narrow them): the nodes'
+        depths and the shape come from the layout, not from walking the parents."""
+        if tokens.shape[1] != depth * width:
+            raise ValueError(
+                f"a {depth} x {width} beam has {depth * width} nodes, got {tokens.shape[1]}"
+            )
+        tree = cls(tokens, parents, path_prob, valid, (depth, width))
+        level = torch.arange(depth * width, device=parents.device) // width + 1  # [N]
+        tree.__dict__["depth"] = level.expand_as(parents)
         return tree
 
     def to_host(self) -> Candidates:
         """The same trees on their way to the host (`host_copy.to_host`), for a read after
         the iteration's buffers were reused."""
         tree = Candidates.trusted(
-            *(to_host(t) for t in (self.tokens, self.parents, self.path_prob, self.valid))
+            *(to_host(t) for t in (self.tokens, self.parents, self.path_prob, self.valid)),
+            self.beam,
         )
         if "depth" in self.__dict__:
             tree.__dict__["depth"] = to_host(self.__dict__["depth"])
@@ -174,7 +196,8 @@ class Candidates:
         """The trees of the requests `index` [R] int64, in that order, not checked again (the
         depths carry over)."""
         tree = Candidates.trusted(
-            self.tokens[index], self.parents[index], self.path_prob[index], self.valid[index]
+            self.tokens[index], self.parents[index], self.path_prob[index], self.valid[index],
+            self.beam,
         )
         if "depth" in self.__dict__:
             tree.__dict__["depth"] = self.__dict__["depth"][index]

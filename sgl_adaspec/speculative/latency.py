@@ -287,6 +287,18 @@ class VerifyLatency(LinearLatency):
             return super().predict_tensor(bent, log_tokens)
         return super().predict_tensor(bent, log_tokens, context)
 
+    def tokens_curve(self, tokens: torch.Tensor) -> TokensCurve | None:
+        """`predict_tensor(tokens, context)` at a context given later (`TokensCurve.at`, bit
+        for bit the same): the tokens' terms now, e.g. planned while the device works, the
+        context's then (None before any observation)."""
+        if self.coefficients() is None:
+            return None
+        tokens = torch.as_tensor(tokens, dtype=torch.float64)
+        coef = self._coef_values
+        terms = (tokens.clamp(min=self.knee), tokens.clamp(min=1).log2())
+        per_context = coef[2] if self.with_context else None
+        return TokensCurve(sum(c * t for c, t in zip(coef, terms)), per_context, coef[-1])
+
     def marginal_ms(self, tokens: float) -> float | None:
         """d latency / d T at T tokens: one more token's price there."""
         coef = self.coefficients()
@@ -294,3 +306,21 @@ class VerifyLatency(LinearLatency):
             return None
         linear = float(coef[0]) if tokens >= self.knee else 0.0
         return linear + float(coef[1] / (max(tokens, 1.0) * math.log(2)))
+
+
+@dataclass(frozen=True)
+class TokensCurve:
+    """A verify's predicted ms over token counts [T] (`VerifyLatency.tokens_curve`), but for
+    the context's term: tokens_terms [T] float64, the context's weight (None: not fitted on
+    it), the intercept."""
+
+    tokens_terms: torch.Tensor
+    per_context: float | None
+    intercept: float
+
+    def at(self, context_tokens: float) -> torch.Tensor:
+        """[T] float64 ms at `context_tokens`."""
+        terms = self.tokens_terms
+        if self.per_context is not None:
+            terms = terms + self.per_context * float(context_tokens)
+        return (self.intercept + terms).clamp(min=0.0)

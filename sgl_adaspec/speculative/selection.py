@@ -126,7 +126,8 @@ def select_adaserve(
     # k-th node is 1 + (sum of the first k f's), non-decreasing in k, so the nodes taken form a
     # prefix whose length is the number of k with n_acc_before[k] < A_cap.
     wanted = _acc_before(sorted_prob) < target[:, None]  # [B, N] in rank order
-    quota = (wanted & _rank_valid(cands)).sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
+    real = cands.valid.gather(1, order)  # [B, N] in rank order
+    quota = (wanted & real).sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
     # Requests are served in urgency order until the budget runs out: request i (in that order)
     # gets min(quota_i, what is left after the requests before it).
     if not isinstance(budget, torch.Tensor):  # filled on the device: no copy to wait for

@@ -16,6 +16,10 @@ def restrict_to_shape(cands: Candidates, depth: int | torch.Tensor, width: int) 
     nodes kept one level up. `depth` is one int for the batch or [B] int64 per request (0 keeps
     nothing). width 1 keeps each request's most probable chain. Returns the same trees with
     `valid` narrowed [B, N]."""
+    if isinstance(depth, int) and cands.beam is not None:
+        drafted_depth, drafted_width = cands.beam
+        if drafted_depth <= depth and drafted_width <= width:
+            return cands  # drafted within the shape: the beam keeps every node
     if isinstance(depth, int) and free_to_read(cands.valid) and fits_shape(cands, depth, width):
         return cands  # the beam would keep every node: skip it where the check reads for free
     kept = beams_of_widths(cands, depth, (width,))[0]

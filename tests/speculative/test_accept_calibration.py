@@ -44,6 +44,26 @@ def test_calibration_map_never_decreases_in_f():
     assert 0.4 < calibration.apply(torch.tensor([0.6])).item() < 0.6  # 0.25 and 0.75 pooled
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_calibration_never_decreases_as_computed_so_no_parent_cap_is_needed(dtype):
+    """The policy skips capping f' at the parent's (a walk to the root per node): it relies on
+    g being non-decreasing bit for bit, rounding included, at and around every knot."""
+    calibration = AcceptanceCalibration(prior_weight=0.3)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        f = torch.rand(1, 24, generator=gen, dtype=torch.float64) ** 3
+        calibration.observe(f, torch.rand(1, 24, generator=gen) < f.float() * 0.8 + 0.1)
+    knots, _, _ = calibration.fit()
+    near = torch.cat(
+        [knots + k * 1e-16 for k in range(-4, 5)]
+        + [torch.rand(20_000, generator=gen, dtype=torch.float64)]
+    )
+    f = near.clamp(0.0, 1.0).to(dtype).sort().values
+    g = calibration.apply(f)
+    assert g.dtype == dtype and bool((g[1:] >= g[:-1]).all())  # exact: no tolerance
+    assert calibration.apply(torch.zeros(3, dtype=dtype)).eq(0).all()
+
+
 def test_one_weak_verify_does_not_zero_the_calibration():
     """A first verify of one request whose 32 nodes read f = 0.01 or so (0.32 in all) and are
     all rejected is what a calibrated draft does two times in three. Read as an overall error

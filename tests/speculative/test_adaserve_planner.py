@@ -24,6 +24,7 @@ from sgl_adaspec.speculative.adaserve.planner import (
     cost_budget,
     speculation_pays,
 )
+from sgl_adaspec.speculative.latency import VerifyLatency
 
 
 def test_an_slo_outlook_counts_the_requests_a_pace_keeps_on_course_for_their_slo():
@@ -245,13 +246,25 @@ def test_cost_budget_stops_where_the_rate_peaks():
     # f' = 0.9, 0.5, 0.1; verify 10 ms + 2 ms per extra token; draft already paid.
     # m = 0: 1/10 = .100, m = 1: 1.9/12 = .158, m = 2: 2.4/14 = .171, m = 3: 2.5/16 = .156.
     f = torch.tensor([[0.9, 0.5, 0.1]])
-    budget = cost_budget(f, torch.ones_like(f, dtype=torch.bool), 0.0, 0, linear_ms(10.0, 2.0))
-    assert budget == 3  # the root and two draft nodes
+    spend_ms = linear_ms(10.0, 2.0)(1.0 + torch.arange(4, dtype=torch.float64), 0)
+    assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), spend_ms) == 3  # root + 2 nodes
+    # A draft's sunk 100 ms favours spending more: m = 3 is 2.5 / 116 against 2.4 / 114.
+    assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), 100.0 + spend_ms) == 4
+    # Padding is never bought, and a curve shorter than the ranking bounds it.
+    valid = torch.tensor([[True, True, False]])
+    assert cost_budget(f, valid, 100.0 + spend_ms) == 3
+    assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), 100.0 + spend_ms[:2]) == 2
 
 
-def test_cost_budget_with_unknown_latency_is_none():
-    f = torch.tensor([[0.9]])
-    assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), 0.0, 0, lambda *a: None) is None
+def test_tokens_curve_is_predict_tensor_bit_for_bit():
+    model = VerifyLatency()
+    for tokens, context in ((4, 100), (9, 250), (16, 300), (40, 900), (64, 400), (3, 120)):
+        model.observe((tokens, context), 5.0 + 0.3 * tokens + 0.002 * context)
+    tokens = 1.0 + torch.arange(80, dtype=torch.float64)
+    curve = model.tokens_curve(tokens)
+    for context in (0, 123, 4567):
+        assert torch.equal(curve.at(context), model.predict_tensor(tokens, context))
+    assert VerifyLatency().tokens_curve(tokens) is None
 
 
 def pays_alone(gain, verify, plain_ms, draft=free_draft):

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
-import sgl_adaspec.speculative.adaserve.gain_table as gain_table
+from sgl_adaspec.sim.acceptance import resolve
+from sgl_adaspec.sim.trees import draft_trees
+from sgl_adaspec.speculative.adaserve import gain_table
 from sgl_adaspec.speculative.adaserve.gain_table import ShapeGain
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.shapes import beams_of_widths, restrict_to_shape
 
 
 def tree(parents: list[list[int]], valid: list[list[bool]] | None = None) -> Candidates:
@@ -38,6 +42,31 @@ def test_depth_counts_levels_below_the_root():
     )
     assert cands.depth.tolist() == [[1, 2, 3, 1, 2], [1, 1, 2, 2, 1]]
     assert cands.max_depth.tolist() == [3, 2]
+
+
+def test_a_beam_s_layout_gives_the_depths_and_its_shape_needs_no_search():
+    rng = np.random.default_rng(3)
+    alpha, beta = np.full(5, 3.0), np.full(5, 1.5)
+    for depth, width in ((1, 1), (3, 2), (4, 3)):
+        beam = draft_trees(resolve(None), rng, alpha, beta, depth, width).candidates()
+        assert beam.beam == (depth, width)
+        walked = Candidates(beam.tokens, beam.parents, beam.path_prob, beam.valid)
+        assert beam.depth.tolist() == walked.depth.tolist()
+        for shape in ((depth, width), (depth + 1, width), (depth, width + 1)):
+            assert restrict_to_shape(beam, *shape) is beam  # no beam search
+            assert torch.equal(beams_of_widths(walked, shape[0], (shape[1],))[0], beam.valid)
+        narrowed = restrict_to_shape(beam, depth, max(width - 1, 1))
+        if width > 1:  # a narrower shape is searched, not skipped
+            assert narrowed.valid.sum() < beam.valid.sum()
+        assert beam.derived(valid=narrowed.valid).beam == (depth, width)
+    with pytest.raises(ValueError, match="2 x 2 beam has 4 nodes"):
+        Candidates.of_beam(
+            *(t[:, :3] for t in (beam.tokens, beam.parents)),
+            beam.path_prob[:, :3],
+            beam.valid[:, :3],
+            2,
+            2,
+        )
 
 
 def test_depth_of_empty_trees():

@@ -273,26 +273,16 @@ def recovery_log_theta(slo: SloBatch) -> torch.Tensor:
     return torch.where(ratio < 2.0, -torch.log((2.0 - ratio).clamp(min=1e-9)), math.inf)
 
 
-def cost_budget(
-    calibrated: torch.Tensor,
-    valid: torch.Tensor,
-    sunk_ms: float,
-    context_tokens: int,
-    verify_ms: LatencyFn,
-) -> torch.Tensor | None:
-    """The verify budget B (roots included) that maximizes expected committed tokens per ms,
-    the draft's `sunk_ms` paid; a 0-d tensor on the draft's device, so nothing is read on the
-    host before the verify. None while the verify model is unfitted."""
+def cost_budget(calibrated: torch.Tensor, valid: torch.Tensor, spend_ms: torch.Tensor) -> torch.Tensor:
+    """The verify budget B (roots included) that maximizes expected committed tokens per ms;
+    a 0-d tensor on the draft's device, so nothing is read on the host before the verify.
+    spend_ms [L + 1] float64, non-decreasing: the iteration's ms (the draft's sunk ms and the
+    verify) with m candidate nodes verified, m = 0..L; the caller's L bounds the valid nodes.
+    Padding ranks last and adds nothing, so past the last real node the rate cannot rise and
+    argmax, the first best, never buys padding."""
     n = calibrated.shape[0]
-    f = torch.where(valid, calibrated, -1.0).double().flatten()
-    ranked = torch.sort(f, descending=True).values  # [M] valid nodes first, best first
-    m = torch.arange(0, ranked.numel() + 1, dtype=torch.float64, device=f.device)  # [M + 1]
-    zero = torch.zeros(1, dtype=torch.float64, device=f.device)
-    expected = n + torch.cat([zero, ranked.clamp(min=0.0).cumsum(0)])
-    verify = verify_ms(n + m, context_tokens)
-    if verify is None:
-        return None
-    rate = expected / (sunk_ms + verify).clamp(min=1e-9)
-    # Only prefixes of real nodes: past the last one the count m would buy nothing.
-    rate = torch.where(m <= valid.sum(), rate, -math.inf)
-    return n + torch.argmax(rate)  # argmax: the first (smallest) best prefix
+    f = torch.where(valid, calibrated, 0.0).double().flatten()
+    ranked = torch.sort(f, descending=True).values[: spend_ms.numel() - 1]  # [m], best first
+    expected = n + torch.nn.functional.pad(ranked.cumsum(0), (1, 0))  # [m + 1]
+    rate = expected / spend_ms[: expected.numel()].to(f.device, non_blocking=True).clamp(min=1e-9)
+    return n + torch.argmax(rate)

@@ -24,8 +24,9 @@ from sgl_adaspec.speculative.adaserve.planner import PlanChoice, cost_budget
 from sgl_adaspec.speculative.adaserve.pricing import AdaservePricing
 from sgl_adaspec.speculative.adaserve.track_record import load_bucket
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.latency import TokensCurve
 from sgl_adaspec.speculative.policies.base import Decision, IterationInput, Outcome
-from sgl_adaspec.speculative.selection import Selection, expected_accepted, select_adaserve
+from sgl_adaspec.speculative.selection import Selection, select_adaserve
 from sgl_adaspec.speculative.shapes import restrict_to_shape
 
 # The gain table reads one planned draft in this many (and every other draft): reading each
@@ -100,10 +101,13 @@ class AdaservePolicy(AdaservePricing):
         pace = self.wall_per_decode  # A(r) for the wall time until the next iteration
         required = required_tokens(slo, (self.t_spec_ms or 0.0) * pace)
         infeasible = self._infeasible(slo, depth)
+        n = slo.num_requests
+        # Verifies of n roots and up to every node of the n depth x width trees.
+        tokens = n + torch.arange(n * depth * width + 1, dtype=torch.float64)
         return _SloTerms(
             slo, (depth, width), self._rank_weight(slo), infeasible,
-            torch.where(infeasible, 0.0, required),
-            self._draft_ms(depth, width, slo.num_requests),
+            torch.where(infeasible, 0.0, required), self._draft_ms(depth, width, n),
+            self.verify_latency.tokens_curve(tokens),
         )  # fmt: skip
 
     def draft_is_stale(self) -> bool:
@@ -234,7 +238,7 @@ class AdaservePolicy(AdaservePricing):
         if not cost_rule:  # A(r) for one iteration, as the paper
             infeasible = self._infeasible(slo, plan.depth)
             required = torch.where(infeasible, 0.0, required_tokens(slo, self.t_spec_ms or 0.0))
-            terms = _SloTerms(slo, (plan.depth, plan.width), None, infeasible, required, 0.0)
+            terms = _SloTerms(slo, (plan.depth, plan.width), None, infeasible, required, 0.0, None)
         elif terms is None or terms.slo is not slo or terms.shape != (plan.depth, plan.width):
             terms = self._terms_for(slo, plan.depth, plan.width)  # not planned for this draft
         weight = terms.weight
@@ -251,16 +255,11 @@ class AdaservePolicy(AdaservePricing):
                 # Read after the verify: before it, the read would wait on the device.
                 groups = slo_group_keys(slo.tpot_slo_ms)
                 self._unread_draft = (shaped, plan.depth, plan.width, groups, weight)
-            budget = cost_budget(
-                calibrated,
-                shaped.valid,
-                terms.sunk_ms,
-                context_tokens,
-                self.verify_latency.predict_tensor,
-            )
-            if budget is not None:  # a 0-d tensor on the draft's device
+            if terms.verify_ms is not None:  # the verify model is fitted
+                spend_ms = terms.sunk_ms + terms.verify_ms.at(context_tokens)
+                budget = cost_budget(calibrated, shaped.valid, spend_ms)  # 0-d, on the device
                 plan = Plan(plan.depth, plan.width, budget.clamp(max=plan.budget))
-            shaped = shaped.with_path_prob(calibrated)
+            shaped = shaped.derived(path_prob=calibrated)  # monotone: no cap needed
         required = terms.required
         if cost_rule:
             required = required.to(shaped.valid.device, non_blocking=True)
@@ -313,7 +312,7 @@ def beyond_reach(cands: Candidates, required: torch.Tensor) -> torch.Tensor:
     """[B] bool: requests whose whole tree, accepted as f' expects, commits less than A(r).
     The SLO phase visits the most-behind first: under overload, requests too far behind would
     take the budget from those it could keep on track."""
-    return required > expected_accepted(cands, cands.valid)
+    return required > 1.0 + torch.where(cands.valid, cands.path_prob, 0.0).sum(dim=1)
 
 
 @dataclass(frozen=True)
@@ -321,7 +320,9 @@ class _SloTerms:
     """What the selection takes of the SLO state for a draft of `shape`, computed when the draft
     is planned (beside the device's work) rather than between the draft and its verify:
     the throughput phase's rank weight [B] (None: f' alone), the requests served best effort
-    as beyond any tree [B] bool, A(r) [B] (0 for those), the draft's sunk cost in ms."""
+    as beyond any tree [B] bool, A(r) [B] (0 for those), the draft's sunk cost in ms, and the
+    verify's predicted ms with m = 0.. candidate nodes but for the context's term (None while
+    the verify model is unfitted)."""
 
     slo: SloBatch
     shape: tuple[int, int]
@@ -329,6 +330,7 @@ class _SloTerms:
     infeasible: torch.Tensor
     required: torch.Tensor
     sunk_ms: float
+    verify_ms: TokensCurve | None
 
 
 @dataclass(frozen=True)
