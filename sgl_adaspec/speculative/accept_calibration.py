@@ -141,7 +141,8 @@ class AcceptanceCalibration:
         capped at the next one's start), so f' never exceeds a parent's where f did not."""
         knots, segments = self._knots_on(path_prob.device)
         f = path_prob.double().clamp(0.0, 1.0)
-        segment = torch.searchsorted(knots, f).clamp(1, len(knots) - 1) - 1
+        # Interior knots below f: f in (k_i, k_i+1] lies in segment i, and f = 0 in the first.
+        segment = torch.searchsorted(knots[1:-1], f)
         x0, dx, y0, dy, y1 = segments[:, segment].unbind(0)
         share = ((f - x0) / dx).clamp(0.0, 1.0)
         # f = 0 falls in the first segment, which starts at (0, 0): it stays 0.

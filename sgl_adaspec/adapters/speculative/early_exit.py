@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from sgl_adaspec.adapters.speculative.fallbacks import Fallback, fell_back
-from sgl_adaspec.adapters.speculative.iteration import Verifying, current_iteration
+from sgl_adaspec.adapters.speculative.iteration import Verifying
 from sgl_adaspec.adapters.speculative.runtime import warn_once
 from sgl_adaspec.speculative.early_exit import EarlyExitPlan, exiting_rows, worth_exiting
 
@@ -141,11 +141,10 @@ def _exit_rows(model, run: ExitRun, hidden, positions, forward_batch):
     )
     for name in ("input_ids", "positions", "out_cache_loc"):
         setattr(forward_batch, name, getattr(forward_batch, name)[keep])
-    scope = current_iteration()
     survivors = run.row_node[keep]
     survivor_request = run.row_request[keep]
-    layout = scope.layout
-    layout.nodes = [survivors[survivor_request == b] for b in range(len(layout.nodes))]
+    ragged = forward_batch.spec_info  # `ragged_verify`'s: the layers after read the survivors
+    ragged.kept_nodes = [survivors[survivor_request == b] for b in range(len(ragged.kept_nodes))]
     hidden = residual_batch.import_replay_handoff(handoff, forward_batch)
     run.test_ms = 1000 * (time.perf_counter() - start)
     return hidden, positions[keep]

@@ -25,6 +25,7 @@ from functools import partial
 import torch
 
 from sgl_adaspec.adapters import fleet_view
+from sgl_adaspec.adapters.platform.cpu.ragged_verify import ragged_verify
 from sgl_adaspec.adapters.speculative import request_state
 from sgl_adaspec.adapters.speculative.blind_prefill import draft_blind
 from sgl_adaspec.adapters.speculative.deferred_topk import fill_topk
@@ -178,8 +179,7 @@ def _verify_result(
         early_exit=verified.early_exit_counts,
         after_prefill=after_prefill,
         stall_ms=stall_ms,
-        # The CPU attention asked where the one-node verify's slots lie: it ran that path.
-        verify_as_decode=scope.layout.one_token_slots_in_row is not None,
+        verify_as_decode=scope.verified.as_decode,
     )
 
 
@@ -377,15 +377,21 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
     the policy's early exit (`sglang.early_exit`) where it asked for one and the model
     supports it."""
     scope = current_iteration()
-    verifying = scope.verifying if scope is not None else None
-    if not kwargs.get("is_verify", False) or verifying is None:
+    if scope is None or not kwargs.get("is_verify", False):
         return original(worker, batch, forward_batch, *args, **kwargs)
     spec_info = forward_batch.spec_info
-    if _replays_verify_graph(worker, forward_batch):
+    replayed = _replays_verify_graph(worker, forward_batch)
+    torch_backend = _backend_runs_ragged_verify(worker)
+    # One node per request on the torch attention: its one-token path, a plain decode's forward.
+    scope.verified.as_decode = torch_backend and not replayed and spec_info.draft_token_num == 1
+    verifying = scope.verifying
+    if verifying is None:
+        return original(worker, batch, forward_batch, *args, **kwargs)
+    if replayed:
         # A graph verifies the captured [bs, ntok] shape: the pruned tree restricts acceptance.
         scope.verified.replayed = True
         return original(worker, batch, forward_batch, *args, **kwargs)
-    if not _backend_runs_ragged_verify(worker):
+    if not torch_backend:
         warn_once(
             "sgl_adaspec: ragged verify (the selected nodes only) runs on the plugin's torch "
             f"attention backend; {type(worker.model_runner.attn_backend).__name__} verifies "
@@ -408,15 +414,14 @@ def target_forward(original: Callable, worker, batch=None, forward_batch=None, *
     }
     for name, value in full.items():
         setattr(forward_batch, name, value[rows])
-    scope.layout.nodes = [row.nonzero().squeeze(1) for row in keep]
     scope.verified.ragged = True
+    scope.verified.as_decode = False
     try:
-        with exit_run(run):
+        with exit_run(run), ragged_verify(forward_batch, [row.nonzero().squeeze(1) for row in keep]):
             result = original(worker, batch, forward_batch, *args, **kwargs)
     finally:
         for name, value in full.items():
             setattr(forward_batch, name, value)
-        scope.layout.nodes = None
     if run is not None and run.exited is not None:
         scope.verified.early_exit_counts = (run.tested, int(run.exited.sum()), run.test_ms)
         if bool(run.exited.any()):

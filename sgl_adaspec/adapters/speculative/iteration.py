@@ -1,5 +1,5 @@
 """The one declared state of a speculative iteration in the server, shared by the SGLang hooks
-that take part in it (`hooks`, `early_exit`; the torch attention backend reads its `layout`).
+that take part in it (`hooks`, `early_exit`).
 
 The hooks run nested inside `EAGLEWorkerV2.forward_batch_generation` on the scheduler's thread,
 so a context variable scoped to that call carries the state; scopes refuse to nest.
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import torch
 
 from sgl_adaspec.adapters.platform.cpu.graph_emulation import sealed
-from sgl_adaspec.adapters.platform.cpu.verify_layout import VerifyLayout, verify_layout_scope
 from sgl_adaspec.speculative.driver import DraftPlan
 from sgl_adaspec.speculative.policies.base import Decision, IterationInput
 
@@ -52,7 +51,9 @@ class VerifyRun:
     lengths [bs], a function computing each request's deepest accepted candidate node [bs]
     (-1: none) on the host once the results landed (`tree.deepest_accepted`; None: unknown),
     the early exit's (tested, exited, test_ms), whether it ran on the kept nodes only
-    (`hooks.target_forward`) and whether it ran as a graph replay (the whole tree)."""
+    (`hooks.target_forward`), whether it ran as a graph replay (the whole tree) and whether
+    it ran as a plain decode's forward (one node per request on the torch attention's
+    one-token path)."""
 
     ms: float | None = None
     accepted: torch.Tensor | None = None
@@ -60,6 +61,7 @@ class VerifyRun:
     early_exit_counts: tuple[int, int, float] | None = None
     ragged: bool = False
     replayed: bool = False
+    as_decode: bool = False
 
 
 @dataclass
@@ -70,15 +72,12 @@ class Iteration:
     - plan: the draft the iteration runs (its tier's shape: `tier_states`; depth 0: plain),
       with the SLO state it was planned for; None until planned (or on an idle batch);
     - draft, verifying, verified: what the draft found, what the verify decided, what the
-      verify pass did (above);
-    - layout: what the torch attention backend is told of the verify and found
-      (`platform.cpu.verify_layout`)."""
+      verify pass did (above)."""
 
     plan: DraftPlan | None = None
     draft: DraftRun = field(default_factory=DraftRun)
     verifying: Verifying | None = None
     verified: VerifyRun = field(default_factory=VerifyRun)
-    layout: VerifyLayout = field(default_factory=VerifyLayout)
 
     @property
     def plain(self) -> bool:
@@ -105,7 +104,6 @@ def iteration_scope():
     scope = Iteration()
     token = _ITERATION.set(scope)
     try:
-        with verify_layout_scope(scope.layout):
-            yield scope
+        yield scope
     finally:
         _ITERATION.reset(token)

@@ -14,6 +14,7 @@ All are computed with one scaled_dot_product_attention call per request on gathe
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,7 +24,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from torch.nn.functional import scaled_dot_product_attention
 
 from sgl_adaspec.adapters.platform.cpu.graph_emulation import sealed
-from sgl_adaspec.adapters.platform.cpu.verify_layout import verify_layout
+from sgl_adaspec.adapters.platform.cpu.ragged_verify import RaggedVerifyInput
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -76,6 +77,8 @@ class TorchTreeAttnBackend(GraphMetadataFree, TorchNativeAttnBackend):
     # The verify graph's tree mask: as SGLang's graph-capable backends keep theirs, a buffer
     # made before capture, refilled from the live batch before each replay, read inside.
     _graph_tree_mask: torch.Tensor | None = None
+    # The forward whose one-node verify slots were last checked (a weak reference) and the answer.
+    _slots_in_row: tuple[weakref.ref, bool] | None = None
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         ntok = max(max_num_tokens // max(max_bs, 1), 1)
@@ -130,8 +133,7 @@ class TorchTreeAttnBackend(GraphMetadataFree, TorchNativeAttnBackend):
         q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         out = q.new_empty((q_.shape[0], layer.tp_q_head_num, layer.v_head_dim))
         # Ragged verify (adapters/speculative/hooks.py): request b verifies only nodes[b], packed.
-        layout = verify_layout()
-        nodes = layout.nodes if layout is not None else None
+        nodes = spec_info.kept_nodes if isinstance(spec_info, RaggedVerifyInput) else None
         if ntok == 1 and nodes is None:  # SGLang's steps-0 iteration: a plain decode
             return self._forward_one_token(q_, out, layer, forward_batch, seq_lens)
         custom_mask = self._graph_tree_mask if sealed() else spec_info.custom_mask
@@ -180,17 +182,16 @@ class TorchTreeAttnBackend(GraphMetadataFree, TorchNativeAttnBackend):
 
     def _slots_follow_prefix(self, forward_batch: ForwardBatch) -> bool:
         """Whether each request's one verify slot is the next in its `req_to_token` row; asked
-        once per iteration where one is in progress (the layers share the batch)."""
-        layout = verify_layout()
-        if layout is not None and layout.one_token_slots_in_row is not None:
-            return layout.one_token_slots_in_row
+        once per forward (the layers share its batch), each time inside a captured region."""
+        asked = self._slots_in_row
+        if asked is not None and asked[0]() is forward_batch and not sealed():
+            return asked[1]
         bs = forward_batch.req_pool_indices.shape[0]
         rows = self.req_to_token_pool.req_to_token[
             forward_batch.req_pool_indices, forward_batch.seq_lens[:bs].long()
         ]
         in_row = bool(torch.equal(rows.long(), forward_batch.out_cache_loc[:bs].long()))
-        if layout is not None:
-            layout.one_token_slots_in_row = in_row
+        self._slots_in_row = (weakref.ref(forward_batch), in_row)
         return in_row
 
     def _tree_masks(self, custom_mask: torch.Tensor, seq_lens: list[int], ntok: int):
