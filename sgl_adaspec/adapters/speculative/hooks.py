@@ -316,17 +316,14 @@ def verify(original: Callable, worker, batch, *args, **kwargs):
         return result  # a follower: rank 0 observes for the group
     verified.accepted = result.accept_lens
     ids, lens = result.next_token_ids, result.accept_lens
-    if ids is not None and lens is not None:  # walked on the host once the copies landed
+    if ids is not None and lens is not None:
+        # Walked on the host once the copies landed, over the candidates the driver copied.
         verified.deepest_accepted = partial(
-            _walk_accepted, to_host(decision.selection.mask), to_host(ids), to_host(lens),
-            verify_input.draft_token_num,
+            deepest_accepted, verified=to_host(decision.selection.mask),
+            committed_ids=to_host(ids), accept_lens=to_host(lens),
+            ntok=verify_input.draft_token_num,
         )  # fmt: skip
     return result
-
-
-def _walk_accepted(verified, committed_ids, accept_lens, ntok: int, cands):
-    """`tree.deepest_accepted` on the host copies, the candidates the driver copied already."""
-    return deepest_accepted(cands, verified, committed_ids, accept_lens, ntok)
 
 
 def _decide(batch, driver: IterationDriver, plan: DraftPlan, tree: DraftTree, parents):

@@ -273,7 +273,9 @@ def recovery_log_theta(slo: SloBatch) -> torch.Tensor:
     return torch.where(ratio < 2.0, -torch.log((2.0 - ratio).clamp(min=1e-9)), math.inf)
 
 
-def cost_budget(calibrated: torch.Tensor, valid: torch.Tensor, spend_ms: torch.Tensor) -> torch.Tensor:
+def cost_budget(
+    calibrated: torch.Tensor, valid: torch.Tensor, spend_ms: torch.Tensor
+) -> torch.Tensor:
     """The verify budget B (roots included) that maximizes expected committed tokens per ms;
     a 0-d tensor on the draft's device, so nothing is read on the host before the verify.
     spend_ms [L + 1] float64, non-decreasing: the iteration's ms (the draft's sunk ms and the
