@@ -24,8 +24,6 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_adaspec.speculative.host_reads import free_to_read
-
 
 @dataclass(frozen=True)
 class SloBatch:
@@ -134,7 +132,8 @@ def capped_required(required: torch.Tensor, depth: torch.Tensor | int) -> torch.
     A verified path holds at most d draft tokens, and the bonus token comes on top, so at most
     d + 1 tokens are committed; asking for more cannot be met this iteration (AdaServe 4.3,
     "Step 2"). The +1 is the bonus token, in the same units as A(r) and n_acc (which starts
-    at 1). `depth` is an int or [B] (per-request tree depth).
+    at 1). `depth` is an int or [B] (per-request tree depth: a tree's, `Candidates.max_depth`,
+    so never negative and not read back to check).
     """
     if isinstance(depth, int):
         if depth < 0:
@@ -142,6 +141,4 @@ def capped_required(required: torch.Tensor, depth: torch.Tensor | int) -> torch.
         return required.clamp(max=float(depth + 1))
     if depth.shape != required.shape:
         raise ValueError(f"depth has shape {tuple(depth.shape)}, required {tuple(required.shape)}")
-    if free_to_read(depth) and bool((depth < 0).any()):
-        raise ValueError(f"depth must be >= 0: {depth}")
     return torch.minimum(required, (depth + 1).to(required.dtype))

@@ -90,6 +90,48 @@ class Infeasible(enum.Enum):
     INVALID = "invalid"
 
 
+@dataclass(frozen=True)
+class Demand:
+    """What the SLO phase serves and the throughput phase ranks by, checked once where it is
+    made (a policy makes it with the draft's plan, off the critical path). Fields:
+    - required [B] float: A(r), 0 for best effort, never NaN;
+    - urgency [B] int64: the requests by A(r) desc, ties by index (the SLO phase's order);
+    - rank_weight [B] float > 0 or None: the throughput phase's weight on f (None: f alone).
+    """
+
+    required: torch.Tensor
+    urgency: torch.Tensor
+    rank_weight: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, required: torch.Tensor, rank_weight: torch.Tensor | None = None) -> Demand:
+        _check_required(required)
+        if rank_weight is not None and (
+            rank_weight.shape != required.shape
+            or (free_to_read(rank_weight) and not bool((rank_weight > 0).all()))
+        ):
+            raise ValueError(
+                f"rank_weight must be [B] = [{required.shape[0]}] and > 0, got {rank_weight}"
+            )
+        urgency = torch.sort(required, descending=True, stable=True).indices
+        return cls(required, urgency, rank_weight)
+
+    def dropping(self, dropped: torch.Tensor) -> Demand:
+        """A(r) = 0 where `dropped` [B] bool. The order stands: a request that asks for
+        nothing is granted nothing wherever it is served, and the others keep their order."""
+        return Demand(torch.where(dropped, 0.0, self.required), self.urgency, self.rank_weight)
+
+    def to(self, device: torch.device) -> Demand:
+        if self.required.device == device:
+            return self
+        weight = self.rank_weight
+        return Demand(
+            self.required.to(device, non_blocking=True),
+            self.urgency.to(device, non_blocking=True),
+            None if weight is None else weight.to(device, non_blocking=True),
+        )
+
+
 def select_adaserve(
     cands: Candidates,
     required: torch.Tensor,
@@ -110,18 +152,33 @@ def select_adaserve(
     `max_nodes_per_request` may be 0-d int64 tensors on the candidates' device (computed there
     from the draft): the selection is tensor work only, no host read of the candidates.
     """
-    num_requests, num_nodes = _check_inputs(cands, required, budget)
+    if required.shape != (cands.num_requests,):
+        raise ValueError(
+            f"required must be [B] = [{cands.num_requests}], got {tuple(required.shape)}"
+        )
+    return select_for_demand(cands, Demand.of(required, rank_weight), budget, max_nodes_per_request)
+
+
+def select_for_demand(
+    cands: Candidates,
+    demand: Demand,
+    budget: int | torch.Tensor,
+    max_nodes_per_request: int | torch.Tensor,
+) -> Selection:
+    """`select_adaserve` for a `Demand` made before the draft: only the draft's own work
+    runs between the draft and its verify."""
+    num_requests = cands.num_requests
+    if demand.required.shape != (num_requests,):
+        raise ValueError(
+            f"demand must be for [B] = [{num_requests}], got {tuple(demand.required.shape)}"
+        )
+    _check_budget(budget)
     if isinstance(max_nodes_per_request, int) and max_nodes_per_request < 0:
         raise ValueError(f"max_nodes_per_request must be >= 0, got {max_nodes_per_request}")
-    if rank_weight is not None and (
-        rank_weight.shape != (num_requests,)
-        or (free_to_read(rank_weight) and not bool((rank_weight > 0).all()))
-    ):
-        raise ValueError(f"rank_weight must be [B] = [{num_requests}] and > 0, got {rank_weight}")
     device = cands.valid.device
-    required = required.to(device, non_blocking=True)
+    demand = demand.to(device)
     order, sorted_prob = _rank_nodes(cands)
-    target = capped_required(required, cands.max_depth)  # [B] A_cap
+    target = capped_required(demand.required, cands.max_depth)  # [B] A_cap
     # Phase 1 for one request is "take its ranked nodes while n_acc < A_cap": n_acc before the
     # k-th node is 1 + (sum of the first k f's), non-decreasing in k, so the nodes taken form a
     # prefix whose length is the number of k with n_acc_before[k] < A_cap.
@@ -135,12 +192,11 @@ def select_adaserve(
     if isinstance(max_nodes_per_request, torch.Tensor):
         max_nodes_per_request = max_nodes_per_request.to(device, non_blocking=True)
     draft_budget = (budget - num_requests).clamp(min=0)
-    urgency = torch.sort(required, descending=True, stable=True).indices  # [B]
-    quota_sorted = quota[urgency]  # [B]
+    quota_sorted = quota[demand.urgency]  # [B]
     served_before = quota_sorted.cumsum(0) - quota_sorted  # [B]
     granted_sorted = torch.minimum((draft_budget - served_before).clamp(min=0), quota_sorted)
-    slo_counts = torch.empty_like(quota).scatter_(0, urgency, granted_sorted)  # [B]
-    return _finish(cands, order, slo_counts, draft_budget, rank_weight)
+    slo_counts = torch.empty_like(quota).scatter_(0, demand.urgency, granted_sorted)  # [B]
+    return _finish(cands, order, slo_counts, draft_budget, demand.rank_weight)
 
 
 def optimal_trees(cands: Candidates, required: torch.Tensor, budget: int) -> Selection | Infeasible:
@@ -202,16 +258,24 @@ def _check_inputs(cands: Candidates, required: torch.Tensor, budget: int) -> tup
     num_requests, num_nodes = cands.valid.shape
     if required.shape != (num_requests,):
         raise ValueError(f"required must be [B] = [{num_requests}], got {tuple(required.shape)}")
+    _check_required(required)
+    _check_budget(budget)
+    return num_requests, num_nodes
+
+
+def _check_required(required: torch.Tensor) -> None:
     if not required.is_floating_point():
         raise TypeError(f"required must be floating, got {required.dtype}")
     if free_to_read(required) and bool(torch.isnan(required).any()):
         raise ValueError(f"required has NaN (use 0 for best effort): {required}")
+
+
+def _check_budget(budget: int | torch.Tensor) -> None:
     if isinstance(budget, torch.Tensor):
         if budget.ndim != 0 or budget.is_floating_point():
             raise ValueError(f"a tensor budget must be a 0-d integer, got {budget!r}")
     elif not isinstance(budget, int) or budget < 0:
         raise ValueError(f"budget must be an int >= 0, got {budget!r}")
-    return num_requests, num_nodes
 
 
 def _rank_nodes(cands: Candidates) -> tuple[torch.Tensor, torch.Tensor]:

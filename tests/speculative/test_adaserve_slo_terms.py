@@ -57,8 +57,10 @@ def test_slo_terms_planned_with_the_draft_decide_as_computed_at_the_decision(see
     beyond = batch.has_slo & (batch.tpot_slo_ms < t_spec_ms / (depth + 1))
     required = required_tokens(batch, t_spec_ms * policy.wall_per_decode)
     assert torch.equal(terms.infeasible, beyond)
-    assert torch.equal(terms.required, torch.where(beyond, 0.0, required))
-    assert torch.equal(terms.weight, lead_weight(batch, config.lead_scale, config.lead_floor))
+    assert torch.equal(terms.demand.required, torch.where(beyond, 0.0, required))
+    assert torch.equal(
+        terms.demand.rank_weight, lead_weight(batch, config.lead_scale, config.lead_floor)
+    )
     cands = _random_beams(rng, requests, depth, width)
     it = dataclasses.replace(iteration_input(cands, depth, width), slo=batch)
     unplanned = copy.deepcopy(policy)

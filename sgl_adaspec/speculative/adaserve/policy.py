@@ -26,7 +26,7 @@ from sgl_adaspec.speculative.adaserve.track_record import load_bucket
 from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.latency import TokensCurve
 from sgl_adaspec.speculative.policies.base import Decision, IterationInput, Outcome
-from sgl_adaspec.speculative.selection import Selection, select_adaserve
+from sgl_adaspec.speculative.selection import Demand, Selection, select_for_demand
 from sgl_adaspec.speculative.shapes import restrict_to_shape
 
 # The gain table reads one planned draft in this many (and every other draft): reading each
@@ -104,9 +104,9 @@ class AdaservePolicy(AdaservePricing):
         n = slo.num_requests
         # Verifies of n roots and up to every node of the n depth x width trees.
         tokens = n + torch.arange(n * depth * width + 1, dtype=torch.float64)
+        demand = Demand.of(torch.where(infeasible, 0.0, required), self._rank_weight(slo))
         return _SloTerms(
-            slo, (depth, width), self._rank_weight(slo), infeasible,
-            torch.where(infeasible, 0.0, required), self._draft_ms(depth, width, n),
+            slo, (depth, width), demand, infeasible, self._draft_ms(depth, width, n),
             self.verify_latency.tokens_curve(tokens),
         )  # fmt: skip
 
@@ -238,10 +238,11 @@ class AdaservePolicy(AdaservePricing):
         if not cost_rule:  # A(r) for one iteration, as the paper
             infeasible = self._infeasible(slo, plan.depth)
             required = torch.where(infeasible, 0.0, required_tokens(slo, self.t_spec_ms or 0.0))
-            terms = _SloTerms(slo, (plan.depth, plan.width), None, infeasible, required, 0.0, None)
+            shape = (plan.depth, plan.width)
+            terms = _SloTerms(slo, shape, Demand.of(required), infeasible, 0.0, None)
         elif terms is None or terms.slo is not slo or terms.shape != (plan.depth, plan.width):
             terms = self._terms_for(slo, plan.depth, plan.width)  # not planned for this draft
-        weight = terms.weight
+        demand = terms.demand
         if cost_rule:
             # float64 for the outcome's prediction, the draft's dtype for the selection.
             exact = self.acceptance.apply(shaped.path_prob.double())
@@ -254,31 +255,30 @@ class AdaservePolicy(AdaservePricing):
             ):
                 # Read after the verify: before it, the read would wait on the device.
                 groups = slo_group_keys(slo.tpot_slo_ms)
-                self._unread_draft = (shaped, plan.depth, plan.width, groups, weight)
+                self._unread_draft = (shaped, plan.depth, plan.width, groups, demand.rank_weight)
             if terms.verify_ms is not None:  # the verify model is fitted
                 spend_ms = terms.sunk_ms + terms.verify_ms.at(context_tokens)
                 budget = cost_budget(calibrated, shaped.valid, spend_ms)  # 0-d, on the device
                 plan = Plan(plan.depth, plan.width, budget.clamp(max=plan.budget))
             shaped = shaped.derived(path_prob=calibrated)  # monotone: no cap needed
-        required = terms.required
-        if cost_rule:
-            required = required.to(shaped.valid.device, non_blocking=True)
-            required = torch.where(beyond_reach(shaped, required), 0.0, required)
+            demand = demand.to(shaped.valid.device)
+            demand = demand.dropping(beyond_reach(shaped, demand.required))
         n_max = self.config.max_nodes_per_request
         if n_max is None and self.config.budget_rule == "cost":
             # As AdaServe's public code: a request whose tree cannot reach A(r) does not drain
-            # the budget.
+            # the budget; ceil(1.2 * spare / n) in integer arithmetic, exactly.
             n = cands.num_requests
-            spare = (torch.as_tensor(plan.budget, dtype=torch.float64) - n).clamp(min=0.0)
-            n_max = torch.ceil(1.2 * spare / n).long()
+            spare = plan.budget - n
+            spare = spare.clamp(min=0) if isinstance(spare, torch.Tensor) else max(spare, 0)
+            n_max = (6 * spare + (5 * n - 1)) // (5 * n)
         elif n_max is None:
             n_max = cands.num_nodes
-        selection = select_adaserve(shaped, required, plan.budget, n_max, weight)
+        selection = select_for_demand(shaped, demand, plan.budget, n_max)
         expected = None
         if self.config.budget_rule == "cost":  # a 0-d tensor: read after the verify
             expected = torch.where(selection.mask, exact, 0.0).sum()
         self._selected_infeasible = terms.infeasible
-        return selection, required, plan, expected
+        return selection, demand.required, plan, expected
 
     def decide(self, it: IterationInput) -> Decision:
         context = int(it.context_lens.sum())
@@ -319,16 +319,15 @@ def beyond_reach(cands: Candidates, required: torch.Tensor) -> torch.Tensor:
 class _SloTerms:
     """What the selection takes of the SLO state for a draft of `shape`, computed when the draft
     is planned (beside the device's work) rather than between the draft and its verify:
-    the throughput phase's rank weight [B] (None: f' alone), the requests served best effort
-    as beyond any tree [B] bool, A(r) [B] (0 for those), the draft's sunk cost in ms, and the
-    verify's predicted ms with m = 0.. candidate nodes but for the context's term (None while
-    the verify model is unfitted)."""
+    the selection's demand (A(r), 0 for the requests beyond any tree, its order and the
+    throughput phase's rank weight, None: f' alone), those requests [B] bool, the draft's sunk
+    cost in ms, and the verify's predicted ms with m = 0.. candidate nodes but for the
+    context's term (None while the verify model is unfitted)."""
 
     slo: SloBatch
     shape: tuple[int, int]
-    weight: torch.Tensor | None
+    demand: Demand
     infeasible: torch.Tensor
-    required: torch.Tensor
     sunk_ms: float
     verify_ms: TokensCurve | None
 
