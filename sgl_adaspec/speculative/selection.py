@@ -122,6 +122,7 @@ class Demand:
         return Demand(torch.where(dropped, 0.0, self.required), self.urgency, self.rank_weight)
 
     def to(self, device: torch.device) -> Demand:
+        """The same demand on `device`, by copies that do not wait on the device."""
         if self.required.device == device:
             return self
         weight = self.rank_weight
