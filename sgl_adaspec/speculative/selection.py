@@ -153,10 +153,7 @@ def select_adaserve(
     `max_nodes_per_request` may be 0-d int64 tensors on the candidates' device (computed there
     from the draft): the selection is tensor work only, no host read of the candidates.
     """
-    if required.shape != (cands.num_requests,):
-        raise ValueError(
-            f"required must be [B] = [{cands.num_requests}], got {tuple(required.shape)}"
-        )
+    _check_shape(required, cands.num_requests)
     return select_for_demand(cands, Demand.of(required, rank_weight), budget, max_nodes_per_request)
 
 
@@ -169,10 +166,7 @@ def select_for_demand(
     """`select_adaserve` for a `Demand` made before the draft: only the draft's own work
     runs between the draft and its verify."""
     num_requests = cands.num_requests
-    if demand.required.shape != (num_requests,):
-        raise ValueError(
-            f"demand must be for [B] = [{num_requests}], got {tuple(demand.required.shape)}"
-        )
+    _check_shape(demand.required, num_requests)
     _check_budget(budget)
     if isinstance(max_nodes_per_request, int) and max_nodes_per_request < 0:
         raise ValueError(f"max_nodes_per_request must be >= 0, got {max_nodes_per_request}")
@@ -257,11 +251,15 @@ def expected_accepted(cands: Candidates, mask: torch.Tensor) -> torch.Tensor:
 
 def _check_inputs(cands: Candidates, required: torch.Tensor, budget: int) -> tuple[int, int]:
     num_requests, num_nodes = cands.valid.shape
-    if required.shape != (num_requests,):
-        raise ValueError(f"required must be [B] = [{num_requests}], got {tuple(required.shape)}")
+    _check_shape(required, num_requests)
     _check_required(required)
     _check_budget(budget)
     return num_requests, num_nodes
+
+
+def _check_shape(required: torch.Tensor, num_requests: int) -> None:
+    if required.shape != (num_requests,):
+        raise ValueError(f"required must be [B] = [{num_requests}], got {tuple(required.shape)}")
 
 
 def _check_required(required: torch.Tensor) -> None:
