@@ -56,9 +56,11 @@ class AcceptanceCalibration:
     _successes: torch.Tensor = field(default=None, repr=False)  # [bins] decayed
     _f_sums: torch.Tensor = field(default=None, repr=False)  # [bins] decayed sums of f
     # (knots f [M], rates [M]) and, per segment between two knots, its left end, width (kept
-    # off 0), left rate and rise (4 x [M - 1]), read by every `apply` until the next outcome.
+    # off 0), left rate, rise and right rate ([M - 1, 5]), read by every `apply` until the
+    # next outcome.
     _fit: tuple | None = field(default=None, repr=False)
-    _moved: tuple | None = field(default=None, repr=False)  # ((version, device), the fit there)
+    # ((version, device), the fit's interior knots and segments there)
+    _moved: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         edges = self.edges
@@ -131,7 +133,7 @@ class AcceptanceCalibration:
             segments = torch.stack((
                 knots[:-1], (knots[1:] - knots[:-1]).clamp(min=1e-12), rate[:-1],
                 rate[1:] - rate[:-1], rate[1:],
-            ))  # fmt: skip  # [5, K - 1]: x0, dx, y0, dy, y1 per segment
+            ), dim=1)  # fmt: skip  # [K - 1, 5]: x0, dx, y0, dy, y1 per segment
             self._fit = (knots, rate, segments)
         return self._fit
 
@@ -139,23 +141,29 @@ class AcceptanceCalibration:
         """Calibrated f' = g(f) (0 stays 0), same shape and dtype as `path_prob`. Non-decreasing
         in f as computed, rounding included (every step is monotone and a segment's value is
         capped at the next one's start), so f' never exceeds a parent's where f did not."""
-        knots, segments = self._knots_on(path_prob.device)
-        f = path_prob.double().clamp(0.0, 1.0)
-        # Interior knots below f: f in (k_i, k_i+1] lies in segment i, and f = 0 in the first.
-        segment = torch.searchsorted(knots[1:-1], f)
-        x0, dx, y0, dy, y1 = segments[:, segment].unbind(0)
+        return self.apply_exact(path_prob).to(path_prob.dtype)
+
+    def apply_exact(self, path_prob: torch.Tensor) -> torch.Tensor:
+        """`apply` in float64, whatever `path_prob`'s dtype."""
+        inner_knots, segments = self._knots_on(path_prob.device)
+        f = path_prob.double()
+        # Interior knots below f: f in (k_i, k_i+1] lies in segment i, and f = 0 in the first
+        # (f outside [0, 1] takes an end segment, where `share`'s clamp holds it to the end).
+        # A row lookup (`embedding`) is the cheapest gather of a segment's five terms.
+        segment = torch.searchsorted(inner_knots, f)
+        x0, dx, y0, dy, y1 = torch.nn.functional.embedding(segment, segments).unbind(-1)
         share = ((f - x0) / dx).clamp(0.0, 1.0)
         # f = 0 falls in the first segment, which starts at (0, 0): it stays 0.
-        return torch.minimum(y0 + share * dy, y1).to(path_prob.dtype)
+        return torch.minimum(y0 + share * dy, y1)
 
     def _knots_on(self, device: torch.device) -> tuple:
-        """The fit's knots and segments on `device`, copied there once per fit (the fit is
-        made on the host from outcomes; the draft's f stay where the draft wrote them)."""
-        knots, _, segments = self.fit()
-        if device.type == "cpu":
-            return knots, segments
+        """The fit's interior knots and segments on `device`, made there once per fit (the fit
+        is made on the host from outcomes; the draft's f stay where the draft wrote them)."""
         if self._moved is None or self._moved[0] != (self.version, device):
-            moved = tuple(t.to(device, non_blocking=True) for t in (knots, segments))
+            knots, _, segments = self.fit()
+            moved = tuple(
+                t.to(device, non_blocking=True) for t in (knots[1:-1].contiguous(), segments)
+            )
             self._moved = ((self.version, device), moved)
         return self._moved[1]
 

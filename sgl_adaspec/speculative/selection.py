@@ -34,6 +34,7 @@ equals (f desc, depth asc, node index asc).
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
 
@@ -95,16 +96,27 @@ class Demand:
     """What the SLO phase serves and the throughput phase ranks by, checked once where it is
     made (a policy makes it with the draft's plan, off the critical path). Fields:
     - required [B] float: A(r), 0 for best effort, never NaN;
-    - urgency [B] int64: the requests by A(r) desc, ties by index (the SLO phase's order);
-    - rank_weight [B] float > 0 or None: the throughput phase's weight on f (None: f alone).
+    - urgency [B] int64: the requests by A(r) desc, ties by index (the SLO phase's order),
+      and urgency_rank [B] int64 each request's place in it;
+    - rank_weight [B] float > 0 or None: the throughput phase's weight on f (None: f alone);
+    - drop_beyond_reach: serve A(r) = 0 to the requests whose whole tree, accepted as f
+      expects, commits less than A(r), known only from the draft. The order stands: a request
+      that asks for nothing is granted nothing wherever it is served.
     """
 
     required: torch.Tensor
     urgency: torch.Tensor
+    urgency_rank: torch.Tensor
     rank_weight: torch.Tensor | None = None
+    drop_beyond_reach: bool = False
 
     @classmethod
-    def of(cls, required: torch.Tensor, rank_weight: torch.Tensor | None = None) -> Demand:
+    def of(
+        cls,
+        required: torch.Tensor,
+        rank_weight: torch.Tensor | None = None,
+        drop_beyond_reach: bool = False,
+    ) -> Demand:
         _check_required(required)
         if rank_weight is not None and (
             rank_weight.shape != required.shape
@@ -114,12 +126,10 @@ class Demand:
                 f"rank_weight must be [B] = [{required.shape[0]}] and > 0, got {rank_weight}"
             )
         urgency = torch.sort(required, descending=True, stable=True).indices
-        return cls(required, urgency, rank_weight)
-
-    def dropping(self, dropped: torch.Tensor) -> Demand:
-        """A(r) = 0 where `dropped` [B] bool. The order stands: a request that asks for
-        nothing is granted nothing wherever it is served, and the others keep their order."""
-        return Demand(torch.where(dropped, 0.0, self.required), self.urgency, self.rank_weight)
+        urgency_rank = torch.empty_like(urgency).scatter_(
+            0, urgency, _positions(len(urgency), urgency.device)
+        )
+        return cls(required, urgency, urgency_rank, rank_weight, drop_beyond_reach)
 
     def to(self, device: torch.device) -> Demand:
         """The same demand on `device`, by copies that do not wait on the device."""
@@ -127,10 +137,11 @@ class Demand:
             return self
         weight = self.rank_weight
         return Demand(
-            self.required.to(device, non_blocking=True),
-            self.urgency.to(device, non_blocking=True),
+            *(t.to(device, non_blocking=True) for t in (self.required, self.urgency,
+                                                        self.urgency_rank)),
             None if weight is None else weight.to(device, non_blocking=True),
-        )
+            self.drop_beyond_reach,
+        )  # fmt: skip
 
 
 def select_adaserve(
@@ -164,7 +175,8 @@ def select_for_demand(
     max_nodes_per_request: int | torch.Tensor,
 ) -> Selection:
     """`select_adaserve` for a `Demand` made before the draft: only the draft's own work
-    runs between the draft and its verify."""
+    runs between the draft and its verify. Worked in rank order (each request's nodes by f
+    desc, `_rank_nodes`), where both phases take prefixes, and put back in node order once."""
     num_requests = cands.num_requests
     _check_shape(demand.required, num_requests)
     _check_budget(budget)
@@ -172,26 +184,29 @@ def select_for_demand(
         raise ValueError(f"max_nodes_per_request must be >= 0, got {max_nodes_per_request}")
     device = cands.valid.device
     demand = demand.to(device)
-    order, sorted_prob = _rank_nodes(cands)
-    target = capped_required(demand.required, cands.max_depth)  # [B] A_cap
+    order, ranked = _rank_nodes(cands)  # [B, N], padding -inf
     # Phase 1 for one request is "take its ranked nodes while n_acc < A_cap": n_acc before the
     # k-th node is 1 + (sum of the first k f's), non-decreasing in k, so the nodes taken form a
-    # prefix whose length is the number of k with n_acc_before[k] < A_cap.
-    wanted = _acc_before(sorted_prob) < target[:, None]  # [B, N] in rank order
-    real = cands.valid.gather(1, order)  # [B, N] in rank order
-    quota = (wanted & real).sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
+    # prefix whose length is the number of real k with n_acc_before[k] < A_cap.
+    acc = _acc_before(ranked.clamp(min=0.0))  # [B, N + 1]: the last, n_acc of the whole tree
+    target = capped_required(demand.required, cands.max_depth)  # [B] A_cap
+    wanted = acc[:, :-1] < target[:, None]  # [B, N] in rank order
+    if demand.drop_beyond_reach:
+        # The others' A_cap is at most n_acc of the whole tree, which padding ranks hold.
+        wanted &= (demand.required <= acc[:, -1])[:, None]
+    else:
+        wanted &= ranked >= 0  # real nodes: f >= 0, padding -inf
+    quota = wanted.sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
     # Requests are served in urgency order until the budget runs out: request i (in that order)
     # gets min(quota_i, what is left after the requests before it).
     if not isinstance(budget, torch.Tensor):  # filled on the device: no copy to wait for
         budget = torch.full((), budget, dtype=torch.long, device=device)
-    if isinstance(max_nodes_per_request, torch.Tensor):
-        max_nodes_per_request = max_nodes_per_request.to(device, non_blocking=True)
     draft_budget = (budget - num_requests).clamp(min=0)
-    quota_sorted = quota[demand.urgency]  # [B]
+    quota_sorted = quota.index_select(0, demand.urgency)  # [B]
     served_before = quota_sorted.cumsum(0) - quota_sorted  # [B]
     granted_sorted = torch.minimum((draft_budget - served_before).clamp(min=0), quota_sorted)
-    slo_counts = torch.empty_like(quota).scatter_(0, demand.urgency, granted_sorted)  # [B]
-    return _finish(cands, order, slo_counts, draft_budget, demand.rank_weight)
+    slo_counts = granted_sorted.index_select(0, demand.urgency_rank)  # [B]
+    return _finish(order, ranked, slo_counts, draft_budget, demand.rank_weight)
 
 
 def optimal_trees(cands: Candidates, required: torch.Tensor, budget: int) -> Selection | Infeasible:
@@ -203,22 +218,18 @@ def optimal_trees(cands: Candidates, required: torch.Tensor, budget: int) -> Sel
     rest on the batch-wide top nodes by f. INVALID when budget < B, when a request's whole tree
     cannot reach A(r), or when the step-1 needs exceed the budget.
     """
-    num_requests, num_nodes = _check_inputs(cands, required, budget)
+    num_requests = _check_inputs(cands, required, budget)
     if budget < num_requests:
         return Infeasible.INVALID
-    order, sorted_prob = _rank_nodes(cands)
-    acc_before = _acc_before(sorted_prob)  # [B, N]
-    if num_nodes:
-        acc_all = acc_before[:, -1] + sorted_prob[:, -1]  # [B]: n_acc with the whole tree
-    else:
-        acc_all = torch.ones_like(required)
-    if bool((acc_all < required).any()):
+    order, ranked = _rank_nodes(cands)
+    acc = _acc_before(ranked.clamp(min=0.0))  # [B, N + 1]: the last, n_acc of the whole tree
+    if bool((acc[:, -1] < required).any()):
         return Infeasible.INVALID
-    need = ((acc_before < required[:, None]) & _rank_valid(cands)).sum(dim=1)  # [B]
+    need = ((acc[:, :-1] < required[:, None]) & (ranked >= 0)).sum(dim=1)  # [B]
     draft_budget = budget - num_requests
     if int(need.sum()) > draft_budget:
         return Infeasible.INVALID
-    return _finish(cands, order, need, draft_budget)
+    return _finish(order, ranked, need, torch.tensor(draft_budget))
 
 
 def select_static(cands: Candidates, num_per_request: int) -> Selection:
@@ -249,12 +260,12 @@ def expected_accepted(cands: Candidates, mask: torch.Tensor) -> torch.Tensor:
     return 1.0 + torch.where(mask, cands.path_prob, 0.0).sum(dim=1)
 
 
-def _check_inputs(cands: Candidates, required: torch.Tensor, budget: int) -> tuple[int, int]:
-    num_requests, num_nodes = cands.valid.shape
+def _check_inputs(cands: Candidates, required: torch.Tensor, budget: int) -> int:
+    num_requests = cands.num_requests
     _check_shape(required, num_requests)
     _check_required(required)
     _check_budget(budget)
-    return num_requests, num_nodes
+    return num_requests
 
 
 def _check_shape(required: torch.Tensor, num_requests: int) -> None:
@@ -280,29 +291,23 @@ def _check_budget(budget: int | torch.Tensor) -> None:
 def _rank_nodes(cands: Candidates) -> tuple[torch.Tensor, torch.Tensor]:
     """Each request's nodes ranked by (f desc, node index asc), padding last.
 
-    Returns order [B, N] int64 (node index at each rank) and sorted_prob [B, N] (f at each rank,
-    0 for padding).
+    Returns order [B, N] int64 (node index at each rank) and ranked [B, N] (f at each rank,
+    -inf for padding).
     """
     key = torch.where(cands.valid, cands.path_prob, -math.inf)  # [B, N]
     # A stable descending sort keeps equal keys in index order: the (f desc, index asc) rule.
-    sorted_key, order = torch.sort(key, dim=1, descending=True, stable=True)
-    return order, sorted_key.clamp(min=0.0)
-
-
-def _rank_valid(cands: Candidates) -> torch.Tensor:
-    """[B, N] bool in rank order: rank k holds a real node (padding ranks last)."""
-    ranks = torch.arange(cands.num_nodes, device=cands.valid.device)  # [N]
-    return ranks < cands.num_valid[:, None]
+    ranked, order = torch.sort(key, dim=1, descending=True, stable=True)
+    return order, ranked
 
 
 def _acc_before(sorted_prob: torch.Tensor) -> torch.Tensor:
-    """[B, N]: n_acc before the node at rank k is added, i.e. 1 + sum of the first k f's.
+    """[B, N + 1]: n_acc before the node at rank k is added, i.e. 1 + sum of the first k f's
+    (sorted_prob [B, N] >= 0 in rank order); column N is n_acc with every node.
 
     Summed left to right starting from 1.0, as Algorithm 2's n_acc += f(v) does (bit for bit
     on CPU; a parallel scan on GPU may round differently in the last place).
     """
-    ones = torch.ones_like(sorted_prob[:, :1])  # [B, 1]
-    return torch.cat([ones, sorted_prob[:, :-1]], dim=1).cumsum(dim=1)
+    return torch.nn.functional.pad(sorted_prob, (1, 0), value=1.0).cumsum(dim=1)
 
 
 def _prefix_mask(order: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -313,37 +318,36 @@ def _prefix_mask(order: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _finish(
-    cands: Candidates,
     order: torch.Tensor,
+    ranked: torch.Tensor,
     slo_counts: torch.Tensor,
-    draft_budget: int | torch.Tensor,
+    draft_budget: torch.Tensor,
     rank_weight: torch.Tensor | None = None,
 ) -> Selection:
-    """Phase-1 prefixes of `slo_counts` nodes, then the batch-wide top of the rest by f
-    (x rank_weight [B])."""
-    slo_mask = _prefix_mask(order, slo_counts)  # [B, N]
-    left = draft_budget - slo_counts.sum()
-    mask = slo_mask | _global_top(cands, slo_mask, left, rank_weight)
-    return Selection(mask, mask.sum(dim=1), slo_counts)
-
-
-def _global_top(
-    cands: Candidates,
-    taken: torch.Tensor,
-    budget: torch.Tensor,
-    rank_weight: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """[B, N] bool: the `budget` (0-d) best untaken nodes by (f desc, request asc, node asc),
-    f scaled by rank_weight [B] where given (per request, so each request's order is kept).
-    A stable descending sort of the flattened [B * N] keys ranks them by that rule; the first
-    `budget` ranks of real free nodes are taken. Restricted to one request this is a prefix
-    of its remaining ranking, so closure is kept. Tensor work only: the budget may come from
-    the device."""
-    free = cands.valid & ~taken  # [B, N]
-    prob = cands.path_prob
+    """Phase-1 prefixes of `slo_counts` [B] nodes, then the batch-wide top of the rest by f
+    (x rank_weight [B]) up to `draft_budget` (0-d) nodes in all; order and ranked [B, N] from
+    `_rank_nodes`. The prefixes rank first (+inf), then the rest by key; the first
+    `draft_budget` real ranks are taken. Flattened rank order is (request, rank), and equal f
+    within a request rank by node index: the module's rule. Restricted to one request this is
+    a prefix of its ranking, so closure is kept. Tensor work only: the budget may come from the
+    device."""
+    num_requests, num_nodes = ranked.shape
+    device = ranked.device
+    key = ranked
     if rank_weight is not None:
-        prob = prob * rank_weight.to(prob.device, prob.dtype, non_blocking=True)[:, None]
-    key = torch.where(free, prob, -math.inf).flatten()  # [B*N]
-    order = torch.sort(key, descending=True, stable=True).indices
-    rank = torch.empty_like(order).scatter_(0, order, torch.arange(key.numel(), device=key.device))
-    return (free.flatten() & (rank < budget)).view_as(free)
+        key = key * rank_weight.to(key.dtype)[:, None]  # w > 0: -inf stays -inf
+    in_prefix = _positions(num_nodes, device) < slo_counts[:, None]  # [B, N]
+    key = key.masked_fill(in_prefix, math.inf).flatten()  # [B*N]
+    top_key, top = torch.sort(key, descending=True, stable=True)
+    taken = (_positions(key.numel(), device) < draft_budget) & (top_key > -math.inf)
+    taken_ranked = torch.empty_like(taken).scatter_(0, top, taken).view(num_requests, num_nodes)
+    mask = torch.empty_like(taken_ranked).scatter_(1, order, taken_ranked)  # node order
+    return Selection(mask, taken_ranked.sum(dim=1), slo_counts)
+
+
+@functools.lru_cache(maxsize=64)
+def _positions(count: int, device: torch.device | None = None) -> torch.Tensor:
+    """arange(count) [count] int64 on `device`, made once: read-only, and one operation fewer
+    between the draft and the verify."""
+    with torch.inference_mode(False):  # usable inside and outside inference mode alike
+        return torch.arange(count, device=device)

@@ -88,9 +88,11 @@ def test_cost_rule_slo_phase_skips_a_request_too_far_behind_to_catch_up_this_ite
     policy = AdaservePolicy(AdaserveConfig(budget=5, budget_rule="cost"))
     policy.observe_iteration(10.0)
     selection, required, *_ = policy.select(cands, slo)
-    assert required.tolist() == [0.0, pytest.approx(2.5)]
-    # Request 1 takes the .9 and .8 nodes that put it back on track (1 + 1.7 >= 2.5); the
-    # last node of the budget goes batch-wide by f, to request 0's .9.
+    assert required.tolist() == [pytest.approx(10.0), pytest.approx(2.5)]
+    # Request 0 is served as best effort; request 1 takes the .9 and .8 nodes that put it back
+    # on track (1 + 1.7 >= 2.5); the last node of the budget goes batch-wide by f, to request
+    # 0's .9.
+    assert selection.slo_counts.tolist() == [0, 2]
     assert selection.counts.tolist() == [1, 2]
 
 

@@ -69,7 +69,7 @@ def test_slo_terms_planned_with_the_draft_decide_as_computed_at_the_decision(see
     assert torch.equal(planned.selection.mask, computed.selection.mask)
     assert torch.equal(planned.infeasible, computed.infeasible)
     assert int(planned.budget) == int(computed.budget)
-    assert float(planned.predicted_accepted) == float(computed.predicted_accepted)
+    assert torch.equal(planned.calibrated_f, computed.calibrated_f)
 
 
 def test_terms_planned_for_another_shape_or_batch_are_not_used():

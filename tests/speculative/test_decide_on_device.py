@@ -82,5 +82,5 @@ def test_the_decision_reads_nothing_of_the_draft_and_matches_the_host_one(mix, l
         assert reads.count == 0, reads.sites
         assert decision.selection.mask.tolist() == expected.selection.mask.tolist(), trial
         assert int(decision.budget) == int(expected.budget)
-        assert float(decision.predicted_accepted) == float(expected.predicted_accepted)
+        assert decision.calibrated_f.tolist() == expected.calibrated_f.tolist()
         assert decision.infeasible.tolist() == expected.infeasible.tolist()

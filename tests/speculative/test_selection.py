@@ -415,21 +415,18 @@ def test_on_the_device_it_matches_algorithm2_without_a_host_read(instance):
 @PROPERTY_SETTINGS
 @given(instances(), st.data())
 def test_a_demand_made_before_the_draft_selects_as_one_made_after_it(instance, data):
-    # A policy orders the requests before the draft and then drops, after it, those no tree
-    # can serve (A(r) -> 0) without sorting again: the selection is node for node the one for
-    # the dropped A(r) sorted afresh.
+    # A policy orders the requests before the draft; the selection then drops those whose
+    # whole tree cannot reach A(r) (A(r) -> 0) without sorting again: node for node the
+    # selection of the dropped A(r) sorted afresh.
     cands, required, budget, n_max = instance
     weight = torch.tensor(
         data.draw(st.lists(st.sampled_from([0.5, 0.75, 1.0]), min_size=len(required),
                            max_size=len(required))),
         dtype=torch.float64,
     )  # fmt: skip
-    dropped = torch.tensor(
-        data.draw(st.lists(st.booleans(), min_size=len(required), max_size=len(required))),
-        dtype=torch.bool,
-    )
-    demand = Demand.of(required, weight).dropping(dropped)
-    fresh = select_adaserve(cands, torch.where(dropped, 0.0, required), budget, n_max, weight)
+    beyond = required > 1.0 + torch.where(cands.valid, cands.path_prob, 0.0).sum(dim=1)
+    demand = Demand.of(required, weight, drop_beyond_reach=True)
+    fresh = select_adaserve(cands, torch.where(beyond, 0.0, required), budget, n_max, weight)
     made_before = select_for_demand(cands, demand, budget, n_max)
     assert torch.equal(made_before.mask, fresh.mask)
     assert torch.equal(made_before.slo_counts, fresh.slo_counts)

@@ -283,7 +283,7 @@ def cost_budget(
     Padding ranks last and adds nothing, so past the last real node the rate cannot rise and
     argmax, the first best, never buys padding."""
     n = calibrated.shape[0]
-    f = torch.where(valid, calibrated, 0.0).double().flatten()
+    f = (calibrated * valid).double().flatten()  # f' >= 0: padding to 0
     ranked = torch.sort(f, descending=True).values[: spend_ms.numel() - 1]  # [m], best first
     expected = n + torch.nn.functional.pad(ranked.cumsum(0), (1, 0))  # [m + 1]
     rate = expected / spend_ms[: expected.numel()].to(f.device, non_blocking=True).clamp(min=1e-9)

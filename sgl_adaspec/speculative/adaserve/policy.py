@@ -103,11 +103,13 @@ class AdaservePolicy(AdaservePricing):
         infeasible = self._infeasible(slo, depth)
         n = slo.num_requests
         # Verifies of n roots and up to every node of the n depth x width trees.
-        tokens = n + torch.arange(n * depth * width + 1, dtype=torch.float64)
-        demand = Demand.of(torch.where(infeasible, 0.0, required), self._rank_weight(slo))
+        nodes = torch.arange(n * depth * width + 1)
+        demand = Demand.of(
+            torch.where(infeasible, 0.0, required), self._rank_weight(slo), drop_beyond_reach=True
+        )
         return _SloTerms(
             slo, (depth, width), demand, infeasible, self._draft_ms(depth, width, n),
-            self.verify_latency.tokens_curve(tokens),
+            self.verify_latency.tokens_curve(n + nodes.double()), _max_nodes(nodes, n),
         )  # fmt: skip
 
     def draft_is_stale(self) -> bool:
@@ -150,7 +152,8 @@ class AdaservePolicy(AdaservePricing):
         if note is None:  # observed as it ended, with no iteration launched in between
             note = self.iteration_launched(outcome.speculated or outcome.draft_kept)
         if note.unread_draft is not None:  # the gain table reads the draft, on the host now
-            self.gain.observe(*note.unread_draft)
+            shaped, depth, width, tpot_slo_ms, rank_weight = note.unread_draft
+            self.gain.observe(shaped, depth, width, slo_group_keys(tpot_slo_ms), rank_weight)
         self._last_load = len(outcome.rids)
         self._max_load = max(self._max_load, self._last_load)
         if not outcome.speculated:
@@ -210,11 +213,14 @@ class AdaservePolicy(AdaservePricing):
         }
 
     def plan(self, cands: Candidates) -> Plan:
+        """The knee rule's plan: eq. 8-9's shape, B the configured one or every node."""
         depth, width = tree_shape(cands.num_requests, self.config.tree)
+        return Plan(depth, width, self._budget_cap(cands))
+
+    def _budget_cap(self, cands: Candidates) -> int:
+        """--adaserve-budget, or every candidate node and root."""
         budget = self.config.budget
-        if budget is None:
-            budget = cands.num_requests * (cands.num_nodes + 1)
-        return Plan(depth, width, budget)
+        return cands.num_requests * (cands.num_nodes + 1) if budget is None else budget
 
     def select(
         self,
@@ -223,73 +229,76 @@ class AdaservePolicy(AdaservePricing):
         draft_depth: int | None = None,
         context_tokens: int = 0,
         draft_width: int | None = None,
-    ) -> tuple[Selection, torch.Tensor, Plan, float | None]:
-        """The selection, A(r) [B] it was computed for (0: served best effort), the plan it
-        followed, and the accepted draft tokens the calibration expects of it (None under the
-        knee rule)."""
-        plan = self.plan(cands)
-        if self.config.budget_rule == "cost":
-            # The draft already ran at its own shape: select within it.
-            depth = draft_depth if draft_depth is not None else int(cands.max_depth.max())
-            plan = Plan(depth, draft_width or plan.width, plan.budget)
-        shaped = restrict_to_shape(cands, plan.depth, plan.width)
-        cost_rule = self.config.budget_rule == "cost"
-        terms = self._slo_terms
-        if not cost_rule:  # A(r) for one iteration, as the paper
+    ) -> tuple[Selection, torch.Tensor, Plan, torch.Tensor | None]:
+        """The selection, A(r) [B] it was computed for (0: served best effort; under the cost
+        rule the selection also serves so those their whole tree cannot bring back,
+        `Demand.drop_beyond_reach`), the plan it followed, and the calibrated f' [B, N]
+        float64 it selected by (None under the knee rule)."""
+        if self.config.budget_rule != "cost":  # A(r) for one iteration, as the paper
+            plan = self.plan(cands)
+            shaped = restrict_to_shape(cands, plan.depth, plan.width)
             infeasible = self._infeasible(slo, plan.depth)
             required = torch.where(infeasible, 0.0, required_tokens(slo, self.t_spec_ms or 0.0))
-            shape = (plan.depth, plan.width)
-            terms = _SloTerms(slo, shape, Demand.of(required), infeasible, 0.0, None)
-        elif terms is None or terms.slo is not slo or terms.shape != (plan.depth, plan.width):
-            terms = self._terms_for(slo, plan.depth, plan.width)  # not planned for this draft
-        demand = terms.demand
-        if cost_rule:
-            # float64 for the outcome's prediction, the draft's dtype for the selection.
-            exact = self.acceptance.apply(shaped.path_prob.double())
-            calibrated = exact.to(shaped.path_prob.dtype)
-            on_plan = self.draft_state.mode is Mode.PLANNED
-            if on_plan:
-                self._planned_drafts += 1
-            if not self.draft_state.cold and (
-                not on_plan or self._planned_drafts % READ_PLANNED_EVERY == 0
-            ):
-                # Read after the verify: before it, the read would wait on the device.
-                groups = slo_group_keys(slo.tpot_slo_ms)
-                self._unread_draft = (shaped, plan.depth, plan.width, groups, demand.rank_weight)
-            if terms.verify_ms is not None:  # the verify model is fitted
-                spend_ms = terms.sunk_ms + terms.verify_ms.at(context_tokens)
-                budget = cost_budget(calibrated, shaped.valid, spend_ms)  # 0-d, on the device
-                plan = Plan(plan.depth, plan.width, budget.clamp(max=plan.budget))
-            shaped = shaped.derived(path_prob=calibrated)  # monotone: no cap needed
-            demand = demand.to(shaped.valid.device)
-            demand = demand.dropping(beyond_reach(shaped, demand.required))
-        n_max = self.config.max_nodes_per_request
-        if n_max is None and self.config.budget_rule == "cost":
-            # As AdaServe's public code: a request whose tree cannot reach A(r) does not drain
-            # the budget; ceil(1.2 * spare / n) in integer arithmetic, exactly.
-            n = cands.num_requests
-            spare = plan.budget - n
-            spare = spare.clamp(min=0) if isinstance(spare, torch.Tensor) else max(spare, 0)
-            n_max = (6 * spare + (5 * n - 1)) // (5 * n)
-        elif n_max is None:
-            n_max = cands.num_nodes
-        selection = select_for_demand(shaped, demand, plan.budget, n_max)
-        expected = None
-        if self.config.budget_rule == "cost":  # a 0-d tensor: read after the verify
-            expected = torch.where(selection.mask, exact, 0.0).sum()
+            n_max = self.config.max_nodes_per_request
+            n_max = cands.num_nodes if n_max is None else n_max
+            selection = select_for_demand(shaped, Demand.of(required), plan.budget, n_max)
+            self._selected_infeasible = infeasible
+            return selection, required, plan, None
+        # The draft already ran at its own shape: select within it.
+        depth = draft_depth if draft_depth is not None else int(cands.max_depth.max())
+        width = draft_width or tree_shape(cands.num_requests, self.config.tree)[1]
+        shaped = restrict_to_shape(cands, depth, width)
+        terms = self._slo_terms
+        if terms is None or terms.slo is not slo or terms.shape != (depth, width):
+            terms = self._terms_for(slo, depth, width)  # not planned for this draft
+        # float64 for the budget and the outcome's prediction, the draft's dtype for the
+        # selection.
+        exact = self.acceptance.apply_exact(shaped.path_prob)
+        calibrated = exact.to(shaped.path_prob.dtype)
+        self._keep_draft_for_the_gain_table(shaped, depth, width, slo, terms.demand)
+        budget, n_max = self._budget_cap(cands), self.config.max_nodes_per_request
+        if terms.verify_ms is not None:  # the verify model is fitted
+            spend_ms = terms.sunk_ms + terms.verify_ms.at(context_tokens)
+            budget = cost_budget(exact, shaped.valid, spend_ms)  # 0-d, on the device
+            if self.config.budget is not None:
+                budget = budget.clamp(max=self.config.budget)
+            if n_max is None:
+                spare = budget - cands.num_requests
+                if self.config.budget is not None:
+                    spare = spare.clamp(min=0)
+                n_max = torch.take(
+                    terms.max_nodes_by_spare.to(spare.device, non_blocking=True), spare
+                )
+        if n_max is None:
+            n_max = _max_nodes(max(budget - cands.num_requests, 0), cands.num_requests)
+        shaped = shaped.derived(path_prob=calibrated)  # monotone: no cap needed
+        selection = select_for_demand(shaped, terms.demand, budget, n_max)
         self._selected_infeasible = terms.infeasible
-        return selection, demand.required, plan, expected
+        return selection, terms.demand.required, Plan(depth, width, budget), exact
+
+    def _keep_draft_for_the_gain_table(
+        self, shaped: Candidates, depth: int, width: int, slo: SloBatch, demand: Demand
+    ) -> None:
+        """The gain table reads every draft off the plan and one planned draft in
+        READ_PLANNED_EVERY, after the verify: before it, the read would wait on the device."""
+        on_plan = self.draft_state.mode is Mode.PLANNED
+        if on_plan:
+            self._planned_drafts += 1
+        if not self.draft_state.cold and (
+            not on_plan or self._planned_drafts % READ_PLANNED_EVERY == 0
+        ):
+            self._unread_draft = (shaped, depth, width, slo.tpot_slo_ms, demand.rank_weight)
 
     def decide(self, it: IterationInput) -> Decision:
         context = int(it.context_lens.sum())
         self._context_tokens = context
         self._context_per_request = context // max(it.cands.num_requests, 1)
-        selection, _required, plan, expected = self.select(
+        selection, _required, plan, calibrated = self.select(
             it.cands, it.slo, it.draft_depth, context, it.draft_width
         )
         return Decision(
             selection, plan.depth, plan.width, plan.budget, self._selected_infeasible,
-            predicted_accepted=expected,
+            calibrated_f=calibrated,
         )  # fmt: skip
 
     def _rank_weight(self, slo: SloBatch) -> torch.Tensor | None:
@@ -308,11 +317,11 @@ class AdaservePolicy(AdaservePricing):
         return slo.has_slo & (slo.tpot_slo_ms < best_tpot_ms)
 
 
-def beyond_reach(cands: Candidates, required: torch.Tensor) -> torch.Tensor:
-    """[B] bool: requests whose whole tree, accepted as f' expects, commits less than A(r).
-    The SLO phase visits the most-behind first: under overload, requests too far behind would
-    take the budget from those it could keep on track."""
-    return required > 1.0 + torch.where(cands.valid, cands.path_prob, 0.0).sum(dim=1)
+def _max_nodes(spare, num_requests: int):
+    """The SLO phase's n_max with `spare` (int or int64 tensor) candidate nodes to verify, as
+    AdaServe's public code: ceil(1.2 * spare / n), in integer arithmetic (exactly), so that a
+    request whose tree cannot reach A(r) does not drain the budget."""
+    return (6 * spare + (5 * num_requests - 1)) // (5 * num_requests)
 
 
 @dataclass(frozen=True)
@@ -321,8 +330,9 @@ class _SloTerms:
     is planned (beside the device's work) rather than between the draft and its verify:
     the selection's demand (A(r), 0 for the requests beyond any tree, its order and the
     throughput phase's rank weight, None: f' alone), those requests [B] bool, the draft's sunk
-    cost in ms, and the verify's predicted ms with m = 0.. candidate nodes but for the
-    context's term (None while the verify model is unfitted)."""
+    cost in ms, the verify's predicted ms with m = 0.. candidate nodes but for the context's
+    term (None while the verify model is unfitted), and the SLO phase's n_max [m + 1] int64
+    when m candidate nodes are verified (`_max_nodes`)."""
 
     slo: SloBatch
     shape: tuple[int, int]
@@ -330,6 +340,7 @@ class _SloTerms:
     infeasible: torch.Tensor
     sunk_ms: float
     verify_ms: TokensCurve | None
+    max_nodes_by_spare: torch.Tensor
 
 
 @dataclass(frozen=True)

@@ -82,10 +82,11 @@ class Decision:
     - infeasible [B] bool: requests whose SLO the policy found unreachable and serves best
       effort (counted in the statistics);
     - early_exit: the verify pass's token-wise early exit (`early_exit`), or None;
-    - predicted_accepted: the accepted draft tokens the calibration expects of the selection,
-      where the policy computed the calibrated f' anyway (None: `observe` computes it).
-    budget and predicted_accepted may be 0-d tensors on the draft's device, computed there
-    between the draft and the verify; `make_outcome` reads them after the verify."""
+    - calibrated_f [B, N] float64: the calibrated f' of the candidates, where the policy
+      computed them anyway (None: `observe` calibrates the verified nodes); their sum over the
+      selection is what the calibration expects it to accept, summed after the verify.
+    budget and calibrated_f may be tensors on the draft's device, computed there between the
+    draft and the verify; `make_outcome` reads them after the verify."""
 
     selection: Selection
     depth: int
@@ -93,7 +94,7 @@ class Decision:
     budget: int | torch.Tensor
     infeasible: torch.Tensor
     early_exit: EarlyExitPlan | None = None
-    predicted_accepted: float | torch.Tensor | None = None
+    calibrated_f: torch.Tensor | None = None
 
     def to_host(self) -> Decision:
         """The same decision on its way to the host (`host_copy`)."""
@@ -103,7 +104,7 @@ class Decision:
 
         return replace(
             self, selection=self.selection.to_host(), budget=host(self.budget),
-            infeasible=host(self.infeasible), predicted_accepted=host(self.predicted_accepted),
+            infeasible=host(self.infeasible), calibrated_f=host(self.calibrated_f),
         )  # fmt: skip
 
 
@@ -202,7 +203,9 @@ def make_outcome(
         )  # fmt: skip
     selection = decision.selection
     f = torch.where(selection.mask, it.cands.path_prob.to(selection.mask.device), 0.0)
-    predicted = decision.predicted_accepted
+    predicted = decision.calibrated_f
+    if predicted is not None:
+        predicted = (predicted * selection.mask).sum()
     return Outcome(
         rids=rids,
         verified=(selection.counts + 1).cpu().long(),
