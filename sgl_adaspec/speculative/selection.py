@@ -101,7 +101,9 @@ class Demand:
     - rank_weight [B] float > 0 or None: the throughput phase's weight on f (None: f alone);
     - drop_beyond_reach: serve A(r) = 0 to the requests whose whole tree, accepted as f
       expects, commits less than A(r), known only from the draft. The order stands: a request
-      that asks for nothing is granted nothing wherever it is served.
+      that asks for nothing is granted nothing wherever it is served;
+    - asks_past_the_bonus: some A(r) > 1. Where none is (read on the host, with the demand),
+      the bonus token meets every A(r) and the SLO phase has nothing to add.
     """
 
     required: torch.Tensor
@@ -109,6 +111,7 @@ class Demand:
     urgency_rank: torch.Tensor
     rank_weight: torch.Tensor | None = None
     drop_beyond_reach: bool = False
+    asks_past_the_bonus: bool = True
 
     @classmethod
     def of(
@@ -129,7 +132,9 @@ class Demand:
         urgency_rank = torch.empty_like(urgency).scatter_(
             0, urgency, _positions(len(urgency), urgency.device)
         )
-        return cls(required, urgency, urgency_rank, rank_weight, drop_beyond_reach)
+        # Unknown where A(r) lives on the device: the SLO phase then runs.
+        asks = not free_to_read(required) or bool((required > 1.0).any())
+        return cls(required, urgency, urgency_rank, rank_weight, drop_beyond_reach, asks)
 
     def to(self, device: torch.device) -> Demand:
         """The same demand on `device`, by copies that do not wait on the device."""
@@ -140,7 +145,7 @@ class Demand:
             *(t.to(device, non_blocking=True) for t in (self.required, self.urgency,
                                                         self.urgency_rank)),
             None if weight is None else weight.to(device, non_blocking=True),
-            self.drop_beyond_reach,
+            self.drop_beyond_reach, self.asks_past_the_bonus,
         )  # fmt: skip
 
 
@@ -184,6 +189,12 @@ def select_for_demand(
         raise ValueError(f"max_nodes_per_request must be >= 0, got {max_nodes_per_request}")
     device = cands.valid.device
     demand = demand.to(device)
+    if not isinstance(budget, torch.Tensor):  # filled on the device: no copy to wait for
+        budget = torch.full((), budget, dtype=torch.long, device=device)
+    draft_budget = (budget - num_requests).clamp(min=0)
+    if not demand.asks_past_the_bonus:  # phase 1 adds nothing: no ranking per request
+        key = torch.where(cands.valid, cands.path_prob, -math.inf)
+        return _finish(None, key, None, draft_budget, demand.rank_weight)
     order, ranked = _rank_nodes(cands)  # [B, N], padding -inf
     # Phase 1 for one request is "take its ranked nodes while n_acc < A_cap": n_acc before the
     # k-th node is 1 + (sum of the first k f's), non-decreasing in k, so the nodes taken form a
@@ -199,9 +210,6 @@ def select_for_demand(
     quota = wanted.sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
     # Requests are served in urgency order until the budget runs out: request i (in that order)
     # gets min(quota_i, what is left after the requests before it).
-    if not isinstance(budget, torch.Tensor):  # filled on the device: no copy to wait for
-        budget = torch.full((), budget, dtype=torch.long, device=device)
-    draft_budget = (budget - num_requests).clamp(min=0)
     quota_sorted = quota.index_select(0, demand.urgency)  # [B]
     served_before = quota_sorted.cumsum(0) - quota_sorted  # [B]
     granted_sorted = torch.minimum((draft_budget - served_before).clamp(min=0), quota_sorted)
@@ -318,31 +326,37 @@ def _prefix_mask(order: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _finish(
-    order: torch.Tensor,
+    order: torch.Tensor | None,
     ranked: torch.Tensor,
-    slo_counts: torch.Tensor,
+    slo_counts: torch.Tensor | None,
     draft_budget: torch.Tensor,
     rank_weight: torch.Tensor | None = None,
 ) -> Selection:
     """Phase-1 prefixes of `slo_counts` [B] nodes, then the batch-wide top of the rest by f
     (x rank_weight [B]) up to `draft_budget` (0-d) nodes in all; order and ranked [B, N] from
-    `_rank_nodes`. The prefixes rank first (+inf), then the rest by key; the first
-    `draft_budget` real ranks are taken. Flattened rank order is (request, rank), and equal f
-    within a request rank by node index: the module's rule. Restricted to one request this is
-    a prefix of its ranking, so closure is kept. Tensor work only: the budget may come from the
-    device."""
+    `_rank_nodes` (order None: ranked is f in node order, -inf for padding, and no prefix).
+    The prefixes rank first (+inf), then the rest by key; the first `draft_budget` real ranks
+    are taken. Flattened, the order is (request, rank) or (request, node), and equal f within a
+    request rank by node index: the module's rule either way. Restricted to one request this
+    is a prefix of its ranking, so closure is kept. Tensor work only: the budget may come from
+    the device."""
     num_requests, num_nodes = ranked.shape
     device = ranked.device
     key = ranked
     if rank_weight is not None:
         key = key * rank_weight.to(key.dtype)[:, None]  # w > 0: -inf stays -inf
-    in_prefix = _positions(num_nodes, device) < slo_counts[:, None]  # [B, N]
-    key = key.masked_fill(in_prefix, math.inf).flatten()  # [B*N]
+    if slo_counts is not None:
+        in_prefix = _positions(num_nodes, device) < slo_counts[:, None]  # [B, N]
+        key = key.masked_fill(in_prefix, math.inf)
+    key = key.flatten()  # [B*N]
     top_key, top = torch.sort(key, descending=True, stable=True)
     taken = (_positions(key.numel(), device) < draft_budget) & (top_key > -math.inf)
     taken_ranked = torch.empty_like(taken).scatter_(0, top, taken).view(num_requests, num_nodes)
+    counts = taken_ranked.sum(dim=1)
+    if order is None:
+        return Selection(taken_ranked, counts, torch.zeros_like(counts))
     mask = torch.empty_like(taken_ranked).scatter_(1, order, taken_ranked)  # node order
-    return Selection(mask, taken_ranked.sum(dim=1), slo_counts)
+    return Selection(mask, counts, slo_counts)
 
 
 @functools.lru_cache(maxsize=64)

@@ -3,6 +3,8 @@ Algorithm 2, properties on random candidate forests, and Algorithm 1 against bru
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import random
 
@@ -430,6 +432,28 @@ def test_a_demand_made_before_the_draft_selects_as_one_made_after_it(instance, d
     made_before = select_for_demand(cands, demand, budget, n_max)
     assert torch.equal(made_before.mask, fresh.mask)
     assert torch.equal(made_before.slo_counts, fresh.slo_counts)
+
+
+@PROPERTY_SETTINGS
+@given(instances(), st.data())
+def test_a_demand_the_bonus_token_meets_skips_the_slo_phase_alike(instance, data):
+    # Where every A(r) <= 1 (known with the demand) the selection skips the SLO phase and
+    # ranks in node order: node for node what the full two phases select.
+    cands, required, budget, n_max = instance
+    required = required.clamp(max=1.0)
+    weight = torch.tensor(
+        data.draw(st.lists(st.sampled_from([0.5, 0.75, 1.0]), min_size=len(required),
+                           max_size=len(required))),
+        dtype=torch.float64,
+    )  # fmt: skip
+    demand = Demand.of(required, weight)
+    assert not demand.asks_past_the_bonus
+    both_phases = dataclasses.replace(demand, asks_past_the_bonus=True)
+    skipped = select_for_demand(cands, demand, budget, n_max)
+    full = select_for_demand(cands, both_phases, budget, n_max)
+    assert torch.equal(skipped.mask, full.mask)
+    assert torch.equal(skipped.counts, full.counts)
+    assert torch.equal(skipped.slo_counts, full.slo_counts)
 
 
 @PROPERTY_SETTINGS
