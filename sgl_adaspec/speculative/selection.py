@@ -207,6 +207,8 @@ def select_for_demand(
         wanted &= (demand.required <= acc[:, -1])[:, None]
     else:
         wanted &= ranked >= 0  # real nodes: f >= 0, padding -inf
+    if isinstance(max_nodes_per_request, torch.Tensor) and max_nodes_per_request.device != device:
+        max_nodes_per_request = max_nodes_per_request.to(device, non_blocking=True)
     quota = wanted.sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
     # Requests are served in urgency order until the budget runs out: request i (in that order)
     # gets min(quota_i, what is left after the requests before it).
@@ -359,9 +361,16 @@ def _finish(
     return Selection(mask, counts, slo_counts)
 
 
-@functools.lru_cache(maxsize=64)
 def _positions(count: int, device: torch.device | None = None) -> torch.Tensor:
-    """arange(count) [count] int64 on `device`, made once: read-only, and one operation fewer
-    between the draft and the verify."""
-    with torch.inference_mode(False):  # usable inside and outside inference mode alike
-        return torch.arange(count, device=device)
+    """arange(count) [count] int64 on `device`; on the host made once (one operation fewer
+    between the draft and the verify), on a device each time: a tensor kept from inside a
+    CUDA graph's capture would hold nothing until the graph replays."""
+    if device is None or device.type == "cpu":
+        return _host_positions(count)
+    return torch.arange(count, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _host_positions(count: int) -> torch.Tensor:
+    with torch.inference_mode(False):  # read-only, used inside and outside inference mode
+        return torch.arange(count)

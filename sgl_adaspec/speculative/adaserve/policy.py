@@ -230,10 +230,10 @@ class AdaservePolicy(AdaservePricing):
         context_tokens: int = 0,
         draft_width: int | None = None,
     ) -> tuple[Selection, torch.Tensor, Plan, torch.Tensor | None]:
-        """The selection, A(r) [B] it was computed for (0: served best effort; under the cost
-        rule the selection also serves so those their whole tree cannot bring back,
-        `Demand.drop_beyond_reach`), the plan it followed, and the calibrated f' [B, N]
-        float64 it selected by (None under the knee rule)."""
+        """The selection, A(r) [B] it was computed for (0: served best effort, as are, under
+        the cost rule, the requests whose whole tree cannot bring them back:
+        `Demand.drop_beyond_reach`), the plan it followed, and the calibrated f' [B, N] float64
+        it selected by (None under the knee rule)."""
         if self.config.budget_rule != "cost":  # A(r) for one iteration, as the paper
             plan = self.plan(cands)
             shaped = restrict_to_shape(cands, plan.depth, plan.width)
