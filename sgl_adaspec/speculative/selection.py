@@ -193,8 +193,7 @@ def select_for_demand(
         budget = torch.full((), budget, dtype=torch.long, device=device)
     draft_budget = (budget - num_requests).clamp(min=0)
     if not demand.asks_past_the_bonus:  # phase 1 adds nothing: no ranking per request
-        key = torch.where(cands.valid, cands.path_prob, -math.inf)
-        return _finish(None, key, None, draft_budget, demand.rank_weight)
+        return _finish(None, _node_keys(cands), None, draft_budget, demand.rank_weight)
     order, ranked = _rank_nodes(cands)  # [B, N], padding -inf
     # Phase 1 for one request is "take its ranked nodes while n_acc < A_cap": n_acc before the
     # k-th node is 1 + (sum of the first k f's), non-decreasing in k, so the nodes taken form a
@@ -304,10 +303,14 @@ def _rank_nodes(cands: Candidates) -> tuple[torch.Tensor, torch.Tensor]:
     Returns order [B, N] int64 (node index at each rank) and ranked [B, N] (f at each rank,
     -inf for padding).
     """
-    key = torch.where(cands.valid, cands.path_prob, -math.inf)  # [B, N]
     # A stable descending sort keeps equal keys in index order: the (f desc, index asc) rule.
-    ranked, order = torch.sort(key, dim=1, descending=True, stable=True)
+    ranked, order = torch.sort(_node_keys(cands), dim=1, descending=True, stable=True)
     return order, ranked
+
+
+def _node_keys(cands: Candidates) -> torch.Tensor:
+    """[B, N]: f in node order, -inf for padding (ranks after every real node)."""
+    return torch.where(cands.valid, cands.path_prob, -math.inf)
 
 
 def _acc_before(sorted_prob: torch.Tensor) -> torch.Tensor:
@@ -322,8 +325,7 @@ def _acc_before(sorted_prob: torch.Tensor) -> torch.Tensor:
 
 def _prefix_mask(order: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """[B, N] bool in node order: the first lengths[b] ranked nodes of each request."""
-    ranks = torch.arange(order.shape[1], device=order.device)  # [N]
-    in_prefix = ranks < lengths[:, None]  # [B, N] in rank order
+    in_prefix = _positions(order.shape[1], order.device) < lengths[:, None]  # [B, N] by rank
     return torch.zeros_like(in_prefix).scatter_(1, order, in_prefix)
 
 

@@ -4,7 +4,6 @@ Algorithm 2, properties on random candidate forests, and Algorithm 1 against bru
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 import random
 
@@ -414,6 +413,13 @@ def test_on_the_device_it_matches_algorithm2_without_a_host_read(instance):
     assert selection.slo_counts.tolist() == slo_counts
 
 
+def draw_rank_weights(data, num_requests: int) -> torch.Tensor:
+    """[B] throughput-phase weights from a few values, ties among them likely."""
+    choices = st.sampled_from([0.5, 0.75, 1.0])
+    drawn = data.draw(st.lists(choices, min_size=num_requests, max_size=num_requests))
+    return torch.tensor(drawn, dtype=torch.float64)
+
+
 @PROPERTY_SETTINGS
 @given(instances(), st.data())
 def test_a_demand_made_before_the_draft_selects_as_one_made_after_it(instance, data):
@@ -421,11 +427,7 @@ def test_a_demand_made_before_the_draft_selects_as_one_made_after_it(instance, d
     # whole tree cannot reach A(r) (A(r) -> 0) without sorting again: node for node the
     # selection of the dropped A(r) sorted afresh.
     cands, required, budget, n_max = instance
-    weight = torch.tensor(
-        data.draw(st.lists(st.sampled_from([0.5, 0.75, 1.0]), min_size=len(required),
-                           max_size=len(required))),
-        dtype=torch.float64,
-    )  # fmt: skip
+    weight = draw_rank_weights(data, len(required))
     beyond = required > 1.0 + torch.where(cands.valid, cands.path_prob, 0.0).sum(dim=1)
     demand = Demand.of(required, weight, drop_beyond_reach=True)
     fresh = select_adaserve(cands, torch.where(beyond, 0.0, required), budget, n_max, weight)
@@ -441,11 +443,7 @@ def test_a_demand_the_bonus_token_meets_skips_the_slo_phase_alike(instance, data
     # ranks in node order: node for node what the full two phases select.
     cands, required, budget, n_max = instance
     required = required.clamp(max=1.0)
-    weight = torch.tensor(
-        data.draw(st.lists(st.sampled_from([0.5, 0.75, 1.0]), min_size=len(required),
-                           max_size=len(required))),
-        dtype=torch.float64,
-    )  # fmt: skip
+    weight = draw_rank_weights(data, len(required))
     demand = Demand.of(required, weight)
     assert not demand.asks_past_the_bonus
     both_phases = dataclasses.replace(demand, asks_past_the_bonus=True)

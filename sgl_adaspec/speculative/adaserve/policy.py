@@ -255,7 +255,7 @@ class AdaservePolicy(AdaservePricing):
         # selection.
         exact = self.acceptance.apply_exact(shaped.path_prob)
         calibrated = exact.to(shaped.path_prob.dtype)
-        self._keep_draft_for_the_gain_table(shaped, depth, width, slo, terms.demand)
+        self._keep_draft_for_the_gain_table(shaped, depth, width, slo, terms.demand.rank_weight)
         budget, n_max = self._budget_cap(cands), self.config.max_nodes_per_request
         if terms.verify_ms is not None:  # the verify model is fitted
             spend_ms = terms.sunk_ms + terms.verify_ms.at(context_tokens)
@@ -277,7 +277,12 @@ class AdaservePolicy(AdaservePricing):
         return selection, terms.demand.required, Plan(depth, width, budget), exact
 
     def _keep_draft_for_the_gain_table(
-        self, shaped: Candidates, depth: int, width: int, slo: SloBatch, demand: Demand
+        self,
+        shaped: Candidates,
+        depth: int,
+        width: int,
+        slo: SloBatch,
+        rank_weight: torch.Tensor | None,
     ) -> None:
         """The gain table reads every draft off the plan and one planned draft in
         READ_PLANNED_EVERY, after the verify: before it, the read would wait on the device."""
@@ -287,7 +292,7 @@ class AdaservePolicy(AdaservePricing):
         if not self.draft_state.cold and (
             not on_plan or self._planned_drafts % READ_PLANNED_EVERY == 0
         ):
-            self._unread_draft = (shaped, depth, width, slo.tpot_slo_ms, demand.rank_weight)
+            self._unread_draft = (shaped, depth, width, slo.tpot_slo_ms, rank_weight)
 
     def decide(self, it: IterationInput) -> Decision:
         context = int(it.context_lens.sum())
