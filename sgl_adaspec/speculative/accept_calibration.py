@@ -55,9 +55,9 @@ class AcceptanceCalibration:
     _trials: torch.Tensor = field(default=None, repr=False)  # [bins] decayed
     _successes: torch.Tensor = field(default=None, repr=False)  # [bins] decayed
     _f_sums: torch.Tensor = field(default=None, repr=False)  # [bins] decayed sums of f
-    # (knots f [M], rates [M]) and, per segment between two knots, its left end, width (kept
-    # off 0), left rate, rise and right rate ([M - 1, 5]), read by every `apply` until the
-    # next outcome.
+    # (knots f [M], rates [M], per segment between two knots its line's value at 0 and slope
+    # (the width kept off 0), left and right rate [M - 1, 4], the interior knots [M - 2]), read
+    # by every `apply` until the next outcome.
     _fit: tuple | None = field(default=None, repr=False)
     # ((version, device), the fit's interior knots and segments there)
     _moved: tuple | None = field(default=None, repr=False)
@@ -102,7 +102,7 @@ class AcceptanceCalibration:
 
     def fit(self) -> tuple:
         """(f [M] ascending, g [M] non-decreasing, (0, 0) first: the bins with trials; the
-        segments between them)."""
+        segments between them and the interior knots, as `apply` reads them)."""
         if self._fit is None:
             # A few dozen bins: in Python floats, not tensor ops (each op costs more than the
             # arithmetic, and the fit is remade after every outcome).
@@ -130,40 +130,42 @@ class AcceptanceCalibration:
                     rate.append(max(rate[-1], min(scale, 1.0)))
             knots = torch.tensor([0.0, *knots], dtype=torch.float64)
             rate = torch.tensor([0.0, *rate], dtype=torch.float64)
-            segments = torch.stack((
-                knots[:-1], (knots[1:] - knots[:-1]).clamp(min=1e-12), rate[:-1],
-                rate[1:] - rate[:-1], rate[1:],
-            ), dim=1)  # fmt: skip  # [K - 1, 5]: x0, dx, y0, dy, y1 per segment
-            self._fit = (knots, rate, segments)
+            slope = (rate[1:] - rate[:-1]) / (knots[1:] - knots[:-1]).clamp(min=1e-12)
+            at_zero = rate[:-1] - slope * knots[:-1]
+            segments = torch.stack((at_zero, slope, rate[:-1], rate[1:]), dim=1)
+            # [K - 1, 4]: the line's value at 0 and slope, y0, y1 per segment; the interior
+            # knots that pick one
+            self._fit = (knots, rate, segments, knots[1:-1].contiguous())
         return self._fit
 
     def apply(self, path_prob: torch.Tensor) -> torch.Tensor:
         """Calibrated f' = g(f) (0 stays 0), same shape and dtype as `path_prob`. Non-decreasing
         in f as computed, rounding included (every step is monotone and a segment's value is
-        capped at the next one's start), so f' never exceeds a parent's where f did not."""
+        held between its ends, the next one's start at most), so f' never exceeds a parent's where f did not."""
         return self.apply_exact(path_prob).to(path_prob.dtype)
 
     def apply_exact(self, path_prob: torch.Tensor) -> torch.Tensor:
         """`apply` in float64, whatever `path_prob`'s dtype."""
         inner_knots, segments = self._knots_on(path_prob.device)
-        f = path_prob.double()
+        f = path_prob if path_prob.dtype == torch.float64 else path_prob.double()
         # Interior knots below f: f in (k_i, k_i+1] lies in segment i, and f = 0 in the first
-        # (f outside [0, 1] takes an end segment, where `share`'s clamp holds it to the end).
-        # A row lookup (`embedding`) is the cheapest gather of a segment's five terms.
+        # (f outside [0, 1] takes an end segment, whose ends hold it). A row lookup
+        # (`embedding`) is the cheapest gather of a segment's terms.
         segment = torch.searchsorted(inner_knots, f)
-        x0, dx, y0, dy, y1 = torch.nn.functional.embedding(segment, segments).unbind(-1)
-        share = ((f - x0) / dx).clamp(0.0, 1.0)
-        # f = 0 falls in the first segment, which starts at (0, 0): it stays 0.
-        return torch.minimum(y0 + share * dy, y1)
+        at_zero, slope, y0, y1 = torch.nn.functional.embedding(segment, segments).unbind(-1)
+        # Held between the segment's ends (f = 0 stays 0): monotone across the segments as
+        # computed.
+        return torch.addcmul(at_zero, slope, f).clamp_(min=y0, max=y1)
 
     def _knots_on(self, device: torch.device) -> tuple:
-        """The fit's interior knots and segments on `device`, made there once per fit (the fit
-        is made on the host from outcomes; the draft's f stay where the draft wrote them)."""
+        """The fit's interior knots and segments on `device`: the fit's own on the host (made
+        with it, after an outcome), moved once per fit elsewhere (the fit is made on the host
+        from outcomes; the draft's f stay where the draft wrote them)."""
+        _, _, segments, inner_knots = self.fit()
+        if device.type == "cpu":
+            return inner_knots, segments
         if self._moved is None or self._moved[0] != (self.version, device):
-            knots, _, segments = self.fit()
-            moved = tuple(
-                t.to(device, non_blocking=True) for t in (knots[1:-1].contiguous(), segments)
-            )
+            moved = tuple(t.to(device, non_blocking=True) for t in (inner_knots, segments))
             self._moved = ((self.version, device), moved)
         return self._moved[1]
 

@@ -180,18 +180,31 @@ def select_for_demand(
     max_nodes_per_request: int | torch.Tensor,
 ) -> Selection:
     """`select_adaserve` for a `Demand` made before the draft: only the draft's own work
-    runs between the draft and its verify. Worked in rank order (each request's nodes by f
-    desc, `_rank_nodes`), where both phases take prefixes, and put back in node order once."""
+    runs between the draft and its verify (`select_within`)."""
+    _check_budget(budget)
+    if not isinstance(budget, torch.Tensor):  # filled on the device: no copy to wait for
+        budget = torch.full((), budget, dtype=torch.long, device=cands.valid.device)
+    return select_within(
+        cands, demand, (budget - cands.num_requests).clamp(min=0), max_nodes_per_request
+    )
+
+
+def select_within(
+    cands: Candidates,
+    demand: Demand,
+    draft_budget: torch.Tensor,
+    max_nodes_per_request: int | torch.Tensor,
+) -> Selection:
+    """`select_for_demand` with the budget given as the candidate nodes to verify beside the
+    roots: draft_budget 0-d int64 >= 0 on the candidates' device (`planner.cost_budget`'s).
+    Worked in rank order (each request's nodes by f desc, `_rank_nodes`), where both phases
+    take prefixes, and put back in node order once."""
     num_requests = cands.num_requests
     _check_shape(demand.required, num_requests)
-    _check_budget(budget)
     if isinstance(max_nodes_per_request, int) and max_nodes_per_request < 0:
         raise ValueError(f"max_nodes_per_request must be >= 0, got {max_nodes_per_request}")
     device = cands.valid.device
     demand = demand.to(device)
-    if not isinstance(budget, torch.Tensor):  # filled on the device: no copy to wait for
-        budget = torch.full((), budget, dtype=torch.long, device=device)
-    draft_budget = (budget - num_requests).clamp(min=0)
     if not demand.asks_past_the_bonus:  # phase 1 adds nothing: no ranking per request
         return _finish(None, _node_keys(cands), None, draft_budget, demand.rank_weight)
     order, ranked = _rank_nodes(cands)  # [B, N], padding -inf
@@ -348,7 +361,9 @@ def _finish(
     device = ranked.device
     key = ranked
     if rank_weight is not None:
-        key = key * rank_weight.to(key.dtype)[:, None]  # w > 0: -inf stays -inf
+        if rank_weight.dtype != key.dtype:
+            rank_weight = rank_weight.to(key.dtype)
+        key = key * rank_weight[:, None]  # w > 0: -inf stays -inf
     if slo_counts is not None:
         in_prefix = _positions(num_nodes, device) < slo_counts[:, None]  # [B, N]
         key = key.masked_fill(in_prefix, math.inf)

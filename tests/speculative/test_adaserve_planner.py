@@ -21,6 +21,7 @@ from sgl_adaspec.speculative.adaserve.gain_table import ShapeGain
 from sgl_adaspec.speculative.adaserve.planner import (
     THROUGHPUT_TIE,
     SloOutlook,
+    SpendCurve,
     cost_budget,
     speculation_pays,
 )
@@ -247,13 +248,13 @@ def test_cost_budget_stops_where_the_rate_peaks():
     # m = 0: 1/10 = .100, m = 1: 1.9/12 = .158, m = 2: 2.4/14 = .171, m = 3: 2.5/16 = .156.
     f = torch.tensor([[0.9, 0.5, 0.1]])
     spend_ms = linear_ms(10.0, 2.0)(1.0 + torch.arange(4, dtype=torch.float64), 0)
-    assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), spend_ms) == 3  # root + 2 nodes
+    assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), spend_ms) == 2  # beside the root
     # A draft's sunk 100 ms favours spending more: m = 3 is 2.5 / 116 against 2.4 / 114.
-    assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), 100.0 + spend_ms) == 4
+    assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), 100.0 + spend_ms) == 3
     # Padding is never bought, and a curve shorter than the ranking bounds it.
     valid = torch.tensor([[True, True, False]])
-    assert cost_budget(f, valid, 100.0 + spend_ms) == 3
-    assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), 100.0 + spend_ms[:2]) == 2
+    assert cost_budget(f, valid, 100.0 + spend_ms) == 2
+    assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), 100.0 + spend_ms[:2]) == 1
 
 
 def test_tokens_curve_is_predict_tensor_bit_for_bit():
@@ -265,6 +266,20 @@ def test_tokens_curve_is_predict_tensor_bit_for_bit():
     for context in (0, 123, 4567):
         assert torch.equal(curve.at(context), model.predict_tensor(tokens, context))
     assert VerifyLatency().tokens_curve(tokens) is None
+
+
+def test_spend_curve_is_the_sunk_draft_and_the_verify_at_the_context():
+    model = VerifyLatency()
+    for tokens, context in ((4, 100), (9, 250), (16, 300), (40, 900), (64, 400), (3, 120)):
+        model.observe((tokens, context), -2.0 + 0.3 * tokens + 0.002 * context)
+    tokens = 1.0 + torch.arange(80, dtype=torch.float64)
+    spend = SpendCurve.of(7.5, model.tokens_curve(tokens))
+    for context in (0, 123, 4567):
+        # A verify predicted below 0 costs nothing: the iteration never costs less than the draft.
+        expected = 7.5 + model.predict_tensor(tokens, context)
+        assert torch.allclose(spend.at(context), expected, rtol=0, atol=1e-12)
+        assert bool((spend.at(context) >= 7.5).all())
+    assert bool((SpendCurve.of(0.0, model.tokens_curve(tokens)).at(0) > 0).all())
 
 
 def pays_alone(gain, verify, plain_ms, draft=free_draft):

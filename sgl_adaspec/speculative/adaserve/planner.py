@@ -18,6 +18,7 @@ import torch
 
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.adaserve.gain_table import ShapeGain, slo_group_keys
+from sgl_adaspec.speculative.latency import TokensCurve
 from sgl_adaspec.speculative.shapes import draft_rows
 
 # verify_ms(tokens, context) / draft_ms(steps, rows) -> latency (broadcast); None if unknown.
@@ -273,18 +274,49 @@ def recovery_log_theta(slo: SloBatch) -> torch.Tensor:
     return torch.where(ratio < 2.0, -torch.log((2.0 - ratio).clamp(min=1e-9)), math.inf)
 
 
+@dataclass(frozen=True)
+class SpendCurve:
+    """An iteration's ms with m = 0..L candidate nodes verified, the draft's sunk ms and the
+    verify's (`TokensCurve`) summed when the draft is planned; `at` adds the context's term
+    between the draft and its verify. base [L + 1] float64; floor: the sunk ms, the least the
+    iteration costs (a verify's predicted ms is never below 0), kept above 0."""
+
+    base: torch.Tensor
+    per_context: float | None
+    floor: float
+
+    @classmethod
+    def of(cls, sunk_ms: float, verify: TokensCurve) -> SpendCurve:
+        base = (sunk_ms + verify.intercept) + verify.tokens_terms
+        floor = max(sunk_ms, 1e-9)
+        if verify.per_context is None:  # no term comes later: the floor now
+            base = base.clamp(min=floor)
+        return cls(base, verify.per_context, floor)
+
+    def at(self, context_tokens: float) -> torch.Tensor:
+        """[L + 1] float64 ms, > 0, with `context_tokens` in the KV cache."""
+        if self.per_context is None:
+            return self.base
+        return torch.add(self.base, self.per_context * float(context_tokens)).clamp_(min=self.floor)
+
+
 def cost_budget(
     calibrated: torch.Tensor, valid: torch.Tensor, spend_ms: torch.Tensor
 ) -> torch.Tensor:
-    """The verify budget B (roots included) that maximizes expected committed tokens per ms;
-    a 0-d tensor on the draft's device, so nothing is read on the host before the verify.
-    spend_ms [L + 1] float64, non-decreasing: the iteration's ms (the draft's sunk ms and the
-    verify) with m candidate nodes verified, m = 0..L; the caller's L bounds the valid nodes.
-    Padding ranks last and adds nothing, so past the last real node the rate cannot rise and
-    argmax, the first best, never buys padding."""
+    """The candidate nodes to verify beside the B roots that maximize expected committed
+    tokens per ms; a 0-d int64 tensor on the draft's device, so nothing is read on the host
+    before the verify. spend_ms [L + 1] float64, > 0 and non-decreasing: the iteration's ms
+    (the draft's sunk ms and the verify) with m candidate nodes verified, m = 0..L
+    (`SpendCurve.at`); the caller's L bounds the valid nodes. Padding ranks last and adds
+    nothing, so past the last real node the rate cannot rise and argmax, the first best, never
+    buys padding."""
     n = calibrated.shape[0]
-    f = (calibrated * valid).double().flatten()  # f' >= 0: padding to 0
-    ranked = torch.sort(f, descending=True).values[: spend_ms.numel() - 1]  # [m], best first
-    expected = n + torch.nn.functional.pad(ranked.cumsum(0), (1, 0))  # [m + 1]
-    rate = expected / spend_ms[: expected.numel()].to(f.device, non_blocking=True).clamp(min=1e-9)
-    return n + torch.argmax(rate)
+    f = torch.where(valid, calibrated, 0.0).flatten()  # f' >= 0: padding to 0
+    if f.dtype != torch.float64:
+        f = f.double()
+    ranked = torch.sort(f, descending=True).values[: spend_ms.shape[0] - 1]  # [m], best first
+    # [m + 1]: the n roots, then the best f' one by one
+    expected = torch.nn.functional.pad(ranked, (1, 0), value=float(n)).cumsum(0)
+    if spend_ms.device != f.device:
+        spend_ms = spend_ms.to(f.device, non_blocking=True)
+    return torch.argmax(expected / spend_ms[: expected.shape[0]])

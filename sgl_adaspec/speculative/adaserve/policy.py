@@ -20,13 +20,14 @@ from sgl_adaspec.scheduler.slo import SloBatch, lead_weight, required_tokens
 from sgl_adaspec.speculative.adaserve.gain_table import slo_group_keys
 from sgl_adaspec.speculative.adaserve.knee_shape import tree_shape
 from sgl_adaspec.speculative.adaserve.modes import DraftState, Mode, next_draft
-from sgl_adaspec.speculative.adaserve.planner import PlanChoice, cost_budget
+from sgl_adaspec.speculative.adaserve.planner import PlanChoice, SpendCurve, cost_budget
 from sgl_adaspec.speculative.adaserve.pricing import AdaservePricing
 from sgl_adaspec.speculative.adaserve.track_record import load_bucket
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.latency import TokensCurve
 from sgl_adaspec.speculative.policies.base import Decision, IterationInput, Outcome
-from sgl_adaspec.speculative.selection import Demand, Selection, select_for_demand
+from sgl_adaspec.speculative.selection import (
+    Demand, Selection, select_for_demand, select_within,
+)
 from sgl_adaspec.speculative.shapes import restrict_to_shape
 
 # The gain table reads one planned draft in this many (and every other draft): reading each
@@ -104,12 +105,14 @@ class AdaservePolicy(AdaservePricing):
         n = slo.num_requests
         # Verifies of n roots and up to every node of the n depth x width trees.
         nodes = torch.arange(n * depth * width + 1)
+        verify = self.verify_latency.tokens_curve(n + nodes.double())
         demand = Demand.of(
             torch.where(infeasible, 0.0, required), self._rank_weight(slo), drop_beyond_reach=True
         )
         return _SloTerms(
-            slo, (depth, width), demand, infeasible, self._draft_ms(depth, width, n),
-            self.verify_latency.tokens_curve(n + nodes.double()), _max_nodes(nodes, n),
+            slo, (depth, width), demand, infeasible,
+            None if verify is None else SpendCurve.of(self._draft_ms(depth, width, n), verify),
+            _max_nodes(nodes, n),
         )  # fmt: skip
 
     def draft_is_stale(self) -> bool:
@@ -254,25 +257,25 @@ class AdaservePolicy(AdaservePricing):
         # float64 for the budget and the outcome's prediction, the draft's dtype for the
         # selection.
         exact = self.acceptance.apply_exact(shaped.path_prob)
-        calibrated = exact.to(shaped.path_prob.dtype)
+        dtype = shaped.path_prob.dtype
+        calibrated = exact if dtype == torch.float64 else exact.to(dtype)
         self._keep_draft_for_the_gain_table(shaped, depth, width, slo, terms.demand.rank_weight)
-        budget, n_max = self._budget_cap(cands), self.config.max_nodes_per_request
-        if terms.verify_ms is not None:  # the verify model is fitted
-            spend_ms = terms.sunk_ms + terms.verify_ms.at(context_tokens)
-            budget = cost_budget(exact, shaped.valid, spend_ms)  # 0-d, on the device
-            if self.config.budget is not None:
-                budget = budget.clamp(max=self.config.budget)
+        n, n_max, cap = cands.num_requests, self.config.max_nodes_per_request, self.config.budget
+        if terms.spend is not None:  # the verify model is fitted
+            draft_budget = cost_budget(exact, shaped.valid, terms.spend.at(context_tokens))
+            if cap is not None:
+                draft_budget = draft_budget.clamp(max=max(cap - n, 0))
             if n_max is None:
-                spare = budget - cands.num_requests
-                if self.config.budget is not None:
-                    spare = spare.clamp(min=0)
-                n_max = torch.take(
-                    terms.max_nodes_by_spare.to(spare.device, non_blocking=True), spare
-                )
-        if n_max is None:
-            n_max = _max_nodes(max(budget - cands.num_requests, 0), cands.num_requests)
+                n_max = torch.take(terms.max_nodes_on(draft_budget.device), draft_budget)
+            budget = draft_budget + n
+        else:
+            budget = self._budget_cap(cands)
+            spare = max(budget - n, 0)
+            draft_budget = torch.full((), spare, dtype=torch.long, device=exact.device)
+            if n_max is None:
+                n_max = _max_nodes(spare, n)
         shaped = shaped.derived(path_prob=calibrated)  # monotone: no cap needed
-        selection = select_for_demand(shaped, terms.demand, budget, n_max)
+        selection = select_within(shaped, terms.demand, draft_budget, n_max)
         self._selected_infeasible = terms.infeasible
         return selection, terms.demand.required, Plan(depth, width, budget), exact
 
@@ -334,18 +337,21 @@ class _SloTerms:
     """What the selection takes of the SLO state for a draft of `shape`, computed when the draft
     is planned (beside the device's work) rather than between the draft and its verify:
     the selection's demand (A(r), 0 for the requests beyond any tree, its order and the
-    throughput phase's rank weight, None: f' alone), those requests [B] bool, the draft's sunk
-    cost in ms, the verify's predicted ms with m = 0.. candidate nodes but for the context's
-    term (None while the verify model is unfitted), and the SLO phase's n_max [m + 1] int64
-    when m candidate nodes are verified (`_max_nodes`)."""
+    throughput phase's rank weight, None: f' alone), those requests [B] bool, the iteration's
+    predicted ms (the draft's sunk ms and the verify's) with m = 0.. candidate nodes but for
+    the context's term (None while the verify model is unfitted), and the SLO phase's n_max
+    [m + 1] int64 when m candidate nodes are verified (`_max_nodes`)."""
 
     slo: SloBatch
     shape: tuple[int, int]
     demand: Demand
     infeasible: torch.Tensor
-    sunk_ms: float
-    verify_ms: TokensCurve | None
+    spend: SpendCurve | None
     max_nodes_by_spare: torch.Tensor
+
+    def max_nodes_on(self, device: torch.device) -> torch.Tensor:
+        table = self.max_nodes_by_spare
+        return table if table.device == device else table.to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
