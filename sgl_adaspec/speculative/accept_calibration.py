@@ -141,7 +141,8 @@ class AcceptanceCalibration:
     def apply(self, path_prob: torch.Tensor) -> torch.Tensor:
         """Calibrated f' = g(f) (0 stays 0), same shape and dtype as `path_prob`. Non-decreasing
         in f as computed, rounding included (every step is monotone and a segment's value is
-        held between its ends, the next one's start at most), so f' never exceeds a parent's where f did not."""
+        held between its ends, the next one's start at most), so f' never exceeds a parent's
+        where f did not."""
         return self.apply_exact(path_prob).to(path_prob.dtype)
 
     def apply_exact(self, path_prob: torch.Tensor) -> torch.Tensor:

@@ -297,7 +297,8 @@ class SpendCurve:
         """[L + 1] float64 ms, > 0, with `context_tokens` in the KV cache."""
         if self.per_context is None:
             return self.base
-        return torch.add(self.base, self.per_context * float(context_tokens)).clamp_(min=self.floor)
+        context_ms = self.per_context * float(context_tokens)
+        return torch.add(self.base, context_ms).clamp_(min=self.floor)
 
 
 def cost_budget(
