@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sgl_adaspec.speculative.host_copy import to_device, to_dtype
+
 
 def default_edges() -> tuple[float, ...]:
     """Bin edges over f, ascending: 0, a geometric ladder from 1e-6 to 0.05, then steps of
@@ -148,7 +150,7 @@ class AcceptanceCalibration:
     def apply_exact(self, path_prob: torch.Tensor) -> torch.Tensor:
         """`apply` in float64, whatever `path_prob`'s dtype."""
         inner_knots, segments = self._knots_on(path_prob.device)
-        f = path_prob if path_prob.dtype == torch.float64 else path_prob.double()
+        f = to_dtype(path_prob, torch.float64)
         # Interior knots below f: f in (k_i, k_i+1] lies in segment i, and f = 0 in the first
         # (f outside [0, 1] takes an end segment, whose ends hold it). A row lookup
         # (`embedding`) is the cheapest gather of a segment's terms.
@@ -166,7 +168,7 @@ class AcceptanceCalibration:
         if device.type == "cpu":
             return inner_knots, segments
         if self._moved is None or self._moved[0] != (self.version, device):
-            moved = tuple(t.to(device, non_blocking=True) for t in (inner_knots, segments))
+            moved = tuple(to_device(t, device) for t in (inner_knots, segments))
             self._moved = ((self.version, device), moved)
         return self._moved[1]
 

@@ -5,6 +5,8 @@ when the device has long finished it, so no read waits on work queued after it.
 On a GPU a copy goes to pinned host memory with `non_blocking=True`, and an event recorded
 after the copies says when they landed, as SGLang's overlap scheduler reads its own results
 (`copy_done`). On CPU the copy is a clone: the iteration's buffers are reused by the next.
+`to_device` and `to_dtype` are the moves the decision makes between the draft and the verify:
+none (not even a call) where the tensor already is what is asked.
 """
 
 from __future__ import annotations
@@ -19,6 +21,17 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.clone()
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     return host.copy_(tensor, non_blocking=True)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`: itself where it is (no call between the draft and the verify),
+    else a copy that does not wait on the device."""
+    return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
+
+
+def to_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` as `dtype`: itself where it already is (no call), else a cast."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def copies_landed(device: torch.device | None):

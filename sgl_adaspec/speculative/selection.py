@@ -42,7 +42,7 @@ import torch
 
 from sgl_adaspec.scheduler.slo import capped_required
 from sgl_adaspec.speculative.candidates import Candidates
-from sgl_adaspec.speculative.host_copy import to_host
+from sgl_adaspec.speculative.host_copy import to_device, to_dtype, to_host
 from sgl_adaspec.speculative.host_reads import free_to_read
 
 
@@ -182,21 +182,20 @@ def select_for_demand(
     """`select_adaserve` for a `Demand` made before the draft: only the draft's own work
     runs between the draft and its verify (`select_within`)."""
     _check_budget(budget)
-    if not isinstance(budget, torch.Tensor):  # filled on the device: no copy to wait for
-        budget = torch.full((), budget, dtype=torch.long, device=cands.valid.device)
-    return select_within(
-        cands, demand, (budget - cands.num_requests).clamp(min=0), max_nodes_per_request
-    )
+    spare = budget - cands.num_requests
+    spare = spare.clamp(min=0) if isinstance(spare, torch.Tensor) else max(spare, 0)
+    return select_within(cands, demand, spare, max_nodes_per_request)
 
 
 def select_within(
     cands: Candidates,
     demand: Demand,
-    draft_budget: torch.Tensor,
+    draft_budget: int | torch.Tensor,
     max_nodes_per_request: int | torch.Tensor,
 ) -> Selection:
     """`select_for_demand` with the budget given as the candidate nodes to verify beside the
-    roots: draft_budget 0-d int64 >= 0 on the candidates' device (`planner.cost_budget`'s).
+    roots: draft_budget >= 0, an int or a 0-d int64 on the candidates' device
+    (`planner.cost_budget`'s).
     Worked in rank order (each request's nodes by f desc, `_rank_nodes`), where both phases
     take prefixes, and put back in node order once."""
     num_requests = cands.num_requests
@@ -205,6 +204,8 @@ def select_within(
         raise ValueError(f"max_nodes_per_request must be >= 0, got {max_nodes_per_request}")
     device = cands.valid.device
     demand = demand.to(device)
+    if not isinstance(draft_budget, torch.Tensor):  # filled on the device: no copy to wait for
+        draft_budget = torch.full((), draft_budget, dtype=torch.long, device=device)
     if not demand.asks_past_the_bonus:  # phase 1 adds nothing: no ranking per request
         return _finish(None, _node_keys(cands), None, draft_budget, demand.rank_weight)
     order, ranked = _rank_nodes(cands)  # [B, N], padding -inf
@@ -219,8 +220,8 @@ def select_within(
         wanted &= (demand.required <= acc[:, -1])[:, None]
     else:
         wanted &= ranked >= 0  # real nodes: f >= 0, padding -inf
-    if isinstance(max_nodes_per_request, torch.Tensor) and max_nodes_per_request.device != device:
-        max_nodes_per_request = max_nodes_per_request.to(device, non_blocking=True)
+    if isinstance(max_nodes_per_request, torch.Tensor):
+        max_nodes_per_request = to_device(max_nodes_per_request, device)
     quota = wanted.sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
     # Requests are served in urgency order until the budget runs out: request i (in that order)
     # gets min(quota_i, what is left after the requests before it).
@@ -361,9 +362,7 @@ def _finish(
     device = ranked.device
     key = ranked
     if rank_weight is not None:
-        if rank_weight.dtype != key.dtype:
-            rank_weight = rank_weight.to(key.dtype)
-        key = key * rank_weight[:, None]  # w > 0: -inf stays -inf
+        key = key * to_dtype(rank_weight, key.dtype)[:, None]  # w > 0: -inf stays -inf
     if slo_counts is not None:
         in_prefix = _positions(num_nodes, device) < slo_counts[:, None]  # [B, N]
         key = key.masked_fill(in_prefix, math.inf)

@@ -18,6 +18,7 @@ import torch
 
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.speculative.adaserve.gain_table import ShapeGain, slo_group_keys
+from sgl_adaspec.speculative.host_copy import to_device, to_dtype
 from sgl_adaspec.speculative.latency import TokensCurve
 from sgl_adaspec.speculative.shapes import draft_rows
 
@@ -312,12 +313,8 @@ def cost_budget(
     nothing, so past the last real node the rate cannot rise and argmax, the first best, never
     buys padding."""
     n = calibrated.shape[0]
-    f = torch.where(valid, calibrated, 0.0).flatten()  # f' >= 0: padding to 0
-    if f.dtype != torch.float64:
-        f = f.double()
+    f = to_dtype(torch.where(valid, calibrated, 0.0).flatten(), torch.float64)  # padding to 0
     ranked = torch.sort(f, descending=True).values[: spend_ms.shape[0] - 1]  # [m], best first
     # [m + 1]: the n roots, then the best f' one by one
     expected = torch.nn.functional.pad(ranked, (1, 0), value=float(n)).cumsum(0)
-    if spend_ms.device != f.device:
-        spend_ms = spend_ms.to(f.device, non_blocking=True)
-    return torch.argmax(expected / spend_ms[: expected.shape[0]])
+    return torch.argmax(expected / to_device(spend_ms, f.device)[: expected.shape[0]])

@@ -24,6 +24,7 @@ from sgl_adaspec.speculative.adaserve.planner import PlanChoice, SpendCurve, cos
 from sgl_adaspec.speculative.adaserve.pricing import AdaservePricing
 from sgl_adaspec.speculative.adaserve.track_record import load_bucket
 from sgl_adaspec.speculative.candidates import Candidates
+from sgl_adaspec.speculative.host_copy import to_device, to_dtype
 from sgl_adaspec.speculative.policies.base import Decision, IterationInput, Outcome
 from sgl_adaspec.speculative.selection import (
     Demand, Selection, select_for_demand, select_within,
@@ -257,8 +258,7 @@ class AdaservePolicy(AdaservePricing):
         # float64 for the budget and the outcome's prediction, the draft's dtype for the
         # selection.
         exact = self.acceptance.apply_exact(shaped.path_prob)
-        dtype = shaped.path_prob.dtype
-        calibrated = exact if dtype == torch.float64 else exact.to(dtype)
+        calibrated = to_dtype(exact, shaped.path_prob.dtype)
         self._keep_draft_for_the_gain_table(shaped, depth, width, slo, terms.demand.rank_weight)
         n, n_max, cap = cands.num_requests, self.config.max_nodes_per_request, self.config.budget
         if terms.spend is not None:  # the verify model is fitted
@@ -266,14 +266,15 @@ class AdaservePolicy(AdaservePricing):
             if cap is not None:
                 draft_budget = draft_budget.clamp(max=max(cap - n, 0))
             if n_max is None:
-                n_max = torch.take(terms.max_nodes_on(draft_budget.device), draft_budget)
+                n_max = torch.take(
+                    to_device(terms.max_nodes_by_spare, draft_budget.device), draft_budget
+                )
             budget = draft_budget + n
         else:
             budget = self._budget_cap(cands)
-            spare = max(budget - n, 0)
-            draft_budget = torch.full((), spare, dtype=torch.long, device=exact.device)
+            draft_budget = max(budget - n, 0)
             if n_max is None:
-                n_max = _max_nodes(spare, n)
+                n_max = _max_nodes(draft_budget, n)
         shaped = shaped.derived(path_prob=calibrated)  # monotone: no cap needed
         selection = select_within(shaped, terms.demand, draft_budget, n_max)
         self._selected_infeasible = terms.infeasible
@@ -348,10 +349,6 @@ class _SloTerms:
     infeasible: torch.Tensor
     spend: SpendCurve | None
     max_nodes_by_spare: torch.Tensor
-
-    def max_nodes_on(self, device: torch.device) -> torch.Tensor:
-        table = self.max_nodes_by_spare
-        return table if table.device == device else table.to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
