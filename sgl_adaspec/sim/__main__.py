@@ -90,6 +90,15 @@ def parse_args(argv: list[str]) -> tuple[str, SweepConfig]:
         "(past-draft: a decision that reads nothing of the device runs beside the draft)",
     )
     parser.add_argument(
+        "--charge-decision-ms",
+        type=float,
+        dest="decision_ms",
+        metavar="MS",
+        help="with --charge-critical-path: charge each decided iteration's decision at MS "
+        "(times the scale) instead of the host's measured time: repeatable runs that ask what a "
+        "decision of that length would cost",
+    )
+    parser.add_argument(
         "--observe-lag",
         type=int,
         choices=(0, 1),

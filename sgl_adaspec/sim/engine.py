@@ -25,6 +25,7 @@ prefills (which run first) counts toward TPOT, as every later prefill it waits o
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -62,6 +63,10 @@ class EngineConfig:
     # "decide": all of it; "past-draft": what outlasts the draft's device time, as a decision
     # that reads nothing of the device runs on the host while the draft's kernels run.
     charge_critical_path: str | None = None
+    # With `charge_critical_path`: each decided iteration's decision charged at this many ms
+    # (times the scale) in place of the host's measured time, so that a run is repeatable and
+    # asks what a decision of that length would cost (`benchmarks/decision_budget.py`).
+    decision_ms: float | None = None
     # Iterations an outcome waits before the policy takes it (`IterationDriver.observe_lag`):
     # None, 1 where only the critical path is charged (the overlap scheduler it assumes plans
     # the next iteration before this one's outcome is read), else 0.
@@ -85,6 +90,11 @@ class EngineConfig:
                 f"charge_critical_path must be one of {CRITICAL_PATH_CHARGES}, got "
                 f"{self.charge_critical_path!r}"
             )
+        if self.decision_ms is not None:
+            if not (math.isfinite(self.decision_ms) and self.decision_ms >= 0):
+                raise ValueError(f"decision_ms must be finite and >= 0, got {self.decision_ms}")
+            if self.charge_critical_path is None:
+                raise ValueError("decision_ms is charged on the critical path: set charge_critical_path")
 
 
 @dataclass
@@ -278,7 +288,7 @@ class Instance:
             self.running, self.now, self.workload, self.latency, self.acceptance, self.policy,
             self.rng, self.alpha[self.running], self.beta[self.running], tokens, result,
             self.after_prefill, self.stall_ms, config.policy_time_scale,
-            config.charge_critical_path,
+            config.charge_critical_path, config.decision_ms,
         )  # fmt: skip
         self.after_prefill, self.stall_ms = False, 0.0
         if not finished.any():
@@ -317,10 +327,12 @@ def _decode_iteration(
     stall_ms: float = 0.0,
     policy_time_scale: float = 0.0,
     charge_critical_path: str | None = None,
+    decision_ms: float | None = None,
 ) -> tuple[float, np.ndarray]:
     """One speculative (or plain) decode iteration of the running batch (alpha, beta [n]: the
     running requests' acceptance parameters; stall_ms: the prefills they waited on since their
-    last iteration; policy_time_scale: `EngineConfig`'s); returns the new clock and which
+    last iteration; policy_time_scale, charge_critical_path, decision_ms: `EngineConfig`'s);
+    returns the new clock and which
     running requests finished [n] bool."""
     # Each request's SLO clock runs from its first token, as on the server (`track_requests`).
     start = result.first_token_s[running]
@@ -363,7 +375,10 @@ def _decode_iteration(
     context = int(context_lens.sum())
     draft_ms = sum(latency.draft_step_ms(t, context) for t in step.draft_forward_tokens)
     if charge_critical_path is not None:
-        decide_ms = 1000.0 * getattr(policy, "critical_s", 0.0) * policy_time_scale
+        if decision_ms is None:
+            decide_ms = 1000.0 * getattr(policy, "critical_s", 0.0) * policy_time_scale
+        else:  # charged where a decision ran: the iteration drafted
+            decide_ms = (step.trees is not None) * decision_ms * policy_time_scale
         if charge_critical_path == "past-draft":
             decide_ms = max(decide_ms - draft_ms, 0.0)
     verified = int(step.verified.sum())

@@ -61,6 +61,7 @@ class SweepConfig:
     # Charge each policy's own wall time to the simulated clock (`EngineConfig`); 0: not.
     policy_time_scale: float = 0.0
     charge_critical_path: str | None = None  # of it, only `decide`'s (`EngineConfig`)
+    decision_ms: float | None = None  # a fixed decision in place of the host's (`EngineConfig`)
     observe_lag: int | None = None  # `EngineConfig.observe_lag`
 
     def __post_init__(self) -> None:
@@ -81,6 +82,12 @@ class SweepConfig:
             raise ValueError(f"time compression must be > 0, got {self.time_compression}")
         if not self.policy_time_scale >= 0:
             raise ValueError(f"--charge-policy-time must be >= 0, got {self.policy_time_scale}")
+        if self.decision_ms is not None and not (
+            math.isfinite(self.decision_ms) and self.decision_ms >= 0
+        ):
+            raise ValueError(f"--charge-decision-ms must be finite and >= 0, got {self.decision_ms}")
+        if self.decision_ms is not None and self.charge_critical_path is None:
+            raise ValueError("--charge-decision-ms needs --charge-critical-path")
         if self.max_running_requests < 1:
             raise ValueError(f"max running requests must be >= 1, got {self.max_running_requests}")
         known = POLICY_NAMES + EXTRA_POLICY_NAMES
@@ -172,6 +179,7 @@ class SweepSetup:
                 max_running_requests=config.max_running_requests,
                 policy_time_scale=config.policy_time_scale,
                 charge_critical_path=config.charge_critical_path,
+                decision_ms=config.decision_ms,
                 observe_lag=config.observe_lag,
             ),
             seeds,

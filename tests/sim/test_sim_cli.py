@@ -40,6 +40,11 @@ def test_rates_that_are_not_numbers_are_a_usage_error_naming_them(capsys):
         (["--max-running-requests", "0"], "max running requests must be >= 1, got 0"),
         (["--acceptance", "{missing}"], "no such file, nor one of qwen2.5-coder-1.5b+0.5b"),
         (["--acceptance", "{broken}"], "bad acceptance model"),
+        (["--charge-decision-ms", "0.2"], "--charge-decision-ms needs --charge-critical-path"),
+        (
+            ["--charge-critical-path", "decide", "--charge-decision-ms", "-1"],
+            "--charge-decision-ms must be finite and >= 0, got -1.0",
+        ),
         (["--experiment", "trace"], "--experiment trace needs --trace PATH"),
         (["--experiment", "trace", "--trace", "{missing}"], "no such trace file"),
         (["--experiment", "trace", "--trace", "{broken}"], "line 1: invalid JSON"),

@@ -406,6 +406,33 @@ def test_a_decision_shorter_than_its_draft_costs_the_clock_nothing_past_the_draf
     assert np.all((past > 0) & (past < 1000 * long))
 
 
+def test_a_fixed_decision_charge_lands_on_each_decided_iteration(monkeypatch):
+    """`EngineConfig.decision_ms`: each iteration that drafted (and so decided) pays the fixed
+    charge times the scale, whatever the host's clock says; plain iterations pay nothing."""
+    workload = _burst(2, 100, 30, np.nan)
+    latency = get_preset("h100-llama8b")
+    monkeypatch.setattr(engine, "host_clock", _CLOCK)
+
+    def run(name: str, config: EngineConfig) -> tuple:
+        policy = make_policy(name, 64, latency.baseline_tpot_ms)
+        slow = _SlowPolicy(policy, 0.002, 0.0, critical_s=0.002)  # the clock's 2 ms ignored
+        result = simulate(workload, latency, SYNTHETIC_DEFAULT, slow, 0, config)
+        return result, np.array(slow.observed_ms)
+
+    uncharged, uncharged_ms = run("static", EngineConfig())
+    fixed = EngineConfig(policy_time_scale=0.5, charge_critical_path="decide", decision_ms=0.3)
+    charged, charged_ms = run("static", fixed)
+    assert charged.iterations == uncharged.iterations
+    assert charged_ms - uncharged_ms == pytest.approx(0.15)  # 0.3 ms x 0.5, every iteration
+    assert charged.policy_ms == pytest.approx(0.15 * charged.iterations)
+    _, plain_ms = run("none", fixed)  # never drafts: nothing charged
+    assert plain_ms == pytest.approx(run("none", EngineConfig())[1])
+    with pytest.raises(ValueError, match="charge_critical_path"):
+        EngineConfig(policy_time_scale=1.0, decision_ms=0.3)
+    with pytest.raises(ValueError, match="decision_ms"):
+        EngineConfig(charge_critical_path="decide", decision_ms=-1.0)
+
+
 def test_a_server_policy_times_its_decision_between_draft_and_verify(monkeypatch):
     """`ServerPolicy.critical_s`: the host time of the policy's `decide` alone, not of the
     plan before the draft nor of the draft itself."""
