@@ -47,6 +47,14 @@ def parse_cells(text: str) -> list[tuple[str, tuple[float, ...]]]:
     return cells
 
 
+def cells_or_exit(parser: argparse.ArgumentParser, text: str) -> list:
+    """`parse_cells` of --cells, or the parser's usage error naming the bad preset."""
+    try:
+        return parse_cells(text)
+    except ValueError as error:
+        parser.error(f"--cells: {error}")
+
+
 def attainment_by_cell(config: SweepConfig) -> dict[tuple[float, str], float]:
     """{(rate, policy): mean attainment over the seeds} of one charged sweep."""
     sweep = run_rps_sweep(config, progress=lambda line: None)
@@ -78,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     scales = comma_floats(args.scales)
     if args.runs < 1 or any(not s > 0 for s in scales):
         parser.error("--runs must be >= 1 and every scale > 0")
-    try:
-        cells = parse_cells(args.cells)
-    except ValueError as error:
-        parser.error(f"--cells: {error}")
+    cells = cells_or_exit(parser, args.cells)
     torch.set_num_threads(1)
     print(f"adaserve / tetris attainment %, median of {args.runs} runs of {args.repeats} seeds")
     print("| preset | rate | charged | scale | adaserve | tetris | adaserve - tetris |")

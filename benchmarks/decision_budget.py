@@ -29,7 +29,7 @@ from sgl_adaspec.sim.engine import CRITICAL_PATH_CHARGES
 from sgl_adaspec.sim.experiments import SweepConfig, run_rps_sweep
 
 sys.path.insert(0, str(Path(__file__).parent))
-from charged_bar import BAR_POINTS, parse_cells  # noqa: E402
+from charged_bar import BAR_POINTS, cells_or_exit  # noqa: E402
 
 DEFAULT_CELLS = "h100-llama8b:40,48;h100-llama8b-measured:48;a100x4-llama70b:8"
 
@@ -73,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--adaserve-ms and --tetris-ms: decision times >= 0")
     if args.seeds < 1 or args.requests < 1:
         parser.error("--seeds and --requests must be >= 1")
-    try:
-        cells = parse_cells(args.cells)
-    except ValueError as error:
-        parser.error(f"--cells: {error}")
+    cells = cells_or_exit(parser, args.cells)
     torch.set_num_threads(1)
     print(f"attainment %, mean of {args.seeds} seeds; every decision charged ({args.mode}); "
           f"tetris's {args.tetris_ms:g} ms")  # fmt: skip
