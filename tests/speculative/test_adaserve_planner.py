@@ -226,21 +226,30 @@ def test_a_request_far_inside_its_slo_may_be_slowed_while_it_stays_on_course():
     slower than a plain decode would serve it, and still far inside its SLO. Standing down for
     it served every other request plain under overload (simulator, the rps4.8 trace at 1.5x,
     seed 0: summarization guarded every plan down for ~360 iterations; 75 % of SLOs met,
-    where speculation met 88 %). The plan speculates and keeps both r0 and r1. With the
-    iterations' wall time spread so that r1's pace could fall below what it needs (the
-    `GUARD_SIGMAS` headroom), the plan guards r1 again."""
+    where speculation met 88 %). The plan speculates and keeps both r0 and r1, however
+    spread the iterations' wall time: r1's SLO is its mean pace over its iterations, so the
+    room it must keep is the margin, not spreads of one iteration (two spreads of 1.0, as
+    prefill stalls make them under load, asked 7x its pace and held loaded batches plain).
+    Where r1's pace would keep less than the margin to spare, the plan guards r1 again."""
     gain = ShapeGain(max_nodes=4)
     gain.observe(beam([[[0.95]] * 4, [[1e-9]] * 4]), 4, 1, groups=[5.0, 100.0])
     gain.refresh(lambda f: f)
     choice = plan(gain, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0]))
     assert (choice.depth, choice.nodes_per_request, choice.iteration_ms) == (4, 2, 20.0)
     assert choice.objective == pytest.approx(2 + THROUGHPUT_TIE * 5.8 / 20 * 12 / 2)
-    # r1's pace there is 100 / 20 = 5x what it needs (log 1.61 of room), at the shortest
-    # speculative iteration (16 ms) 6.25x (log 1.83): a spread of 0.7 asks 1.4 of room, one
-    # of 1.0 asks 2.
-    spread = plan(gain, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0]), spread=0.7)
-    assert (spread.depth, spread.nodes_per_request) == (4, 2)
-    assert plan(gain, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0]), spread=1.0).depth == 0
+    # r1's pace there is 100 / 20 = 5x what it needs (log 1.61 of room).
+    for spread in (0.7, 1.0):
+        spread_out = plan(gain, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 100.0]), spread=spread)
+        assert (spread_out.depth, spread_out.nodes_per_request) == (4, 2)
+    # With an SLO of 22 ms, r1 at 1 token per 16-20 ms keeps at most 22 / 16 = 1.375x its
+    # pace: a margin of 0.5 asks 1.5x, so r1 holds the plan plain; one of 0.3 asks 1.3x, which
+    # the 16 ms shape (a 2-deep chain, k = 1) leaves.
+    near = ShapeGain(max_nodes=4)
+    near.observe(beam([[[0.95]] * 4, [[1e-9]] * 4]), 4, 1, groups=[5.0, 22.0])
+    near.refresh(lambda f: f)
+    assert plan(near, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 22.0]), margin=0.5).depth == 0
+    kept = plan(near, 2, linear_ms(10.0, 2.0), batch=slo([5.0, 22.0]), margin=0.3)
+    assert (kept.depth, kept.iteration_ms) == (2, 16.0)
 
 
 def test_cost_budget_stops_where_the_rate_peaks():
