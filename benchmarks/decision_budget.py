@@ -26,10 +26,10 @@ import torch
 
 from sgl_adaspec.flags import comma_floats
 from sgl_adaspec.sim.engine import CRITICAL_PATH_CHARGES
-from sgl_adaspec.sim.experiments import SweepConfig, run_rps_sweep
+from sgl_adaspec.sim.experiments import SweepConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from charged_bar import BAR_POINTS, cells_or_exit  # noqa: E402
+from charged_bar import BAR_POINTS, attainment_by_cell, cells_or_exit  # noqa: E402
 
 DEFAULT_CELLS = "h100-llama8b:40,48;h100-llama8b-measured:48;a100x4-llama70b:8"
 
@@ -43,8 +43,7 @@ def attainment(preset: str, rates: tuple[float, ...], policy: str, decision_ms: 
         seed=args.seed, policies=(policy,), policy_time_scale=1.0,
         charge_critical_path=args.mode, decision_ms=decision_ms,
     )  # fmt: skip
-    sweep = run_rps_sweep(config, progress=lambda line: None)
-    return {row["rate_rps"]: row["attainment"] for row in sweep["rows"]}
+    return {rate: value for (rate, _), value in attainment_by_cell(config).items()}
 
 
 def affordable(gaps: dict[float, list[float]]) -> float:

@@ -90,11 +90,22 @@ class EngineConfig:
                 f"charge_critical_path must be one of {CRITICAL_PATH_CHARGES}, got "
                 f"{self.charge_critical_path!r}"
             )
-        if self.decision_ms is not None:
-            if not (math.isfinite(self.decision_ms) and self.decision_ms >= 0):
-                raise ValueError(f"decision_ms must be finite and >= 0, got {self.decision_ms}")
-            if self.charge_critical_path is None:
-                raise ValueError("decision_ms is charged on the critical path: set charge_critical_path")
+        check_decision_charge(self.decision_ms, self.charge_critical_path)
+
+
+def check_decision_charge(
+    decision_ms: float | None,
+    charge_critical_path: str | None,
+    names: tuple[str, str] = ("decision_ms", "charge_critical_path"),
+) -> None:
+    """A fixed decision charge is finite, >= 0 and on a critical path (`names`: how the caller
+    calls the two settings in its errors)."""
+    if decision_ms is None:
+        return
+    if not (math.isfinite(decision_ms) and decision_ms >= 0):
+        raise ValueError(f"{names[0]} must be finite and >= 0, got {decision_ms}")
+    if charge_critical_path is None:
+        raise ValueError(f"{names[0]} needs {names[1]}")
 
 
 @dataclass
@@ -332,8 +343,7 @@ def _decode_iteration(
     """One speculative (or plain) decode iteration of the running batch (alpha, beta [n]: the
     running requests' acceptance parameters; stall_ms: the prefills they waited on since their
     last iteration; policy_time_scale, charge_critical_path, decision_ms: `EngineConfig`'s);
-    returns the new clock and which
-    running requests finished [n] bool."""
+    returns the new clock and which running requests finished [n] bool."""
     # Each request's SLO clock runs from its first token, as on the server (`track_requests`).
     start = result.first_token_s[running]
     slo = SloBatch(

@@ -22,7 +22,7 @@ import numpy as np
 from sgl_adaspec.scheduler.cost_model import knee_budget
 from sgl_adaspec.scheduler.slo_config import DEFAULT_SLO_CONFIG, load_slo_config
 from sgl_adaspec.sim.acceptance import resolve as resolve_acceptance
-from sgl_adaspec.sim.engine import EngineConfig, SimResult, simulate
+from sgl_adaspec.sim.engine import EngineConfig, SimResult, check_decision_charge, simulate
 from sgl_adaspec.sim.latency import get_preset
 from sgl_adaspec.sim.policies import EXTRA_POLICY_NAMES, POLICY_NAMES, make_policy
 from sgl_adaspec.sim.workload import poisson_workload
@@ -82,12 +82,10 @@ class SweepConfig:
             raise ValueError(f"time compression must be > 0, got {self.time_compression}")
         if not self.policy_time_scale >= 0:
             raise ValueError(f"--charge-policy-time must be >= 0, got {self.policy_time_scale}")
-        if self.decision_ms is not None and not (
-            math.isfinite(self.decision_ms) and self.decision_ms >= 0
-        ):
-            raise ValueError(f"--charge-decision-ms must be finite and >= 0, got {self.decision_ms}")
-        if self.decision_ms is not None and self.charge_critical_path is None:
-            raise ValueError("--charge-decision-ms needs --charge-critical-path")
+        check_decision_charge(
+            self.decision_ms, self.charge_critical_path,
+            ("--charge-decision-ms", "--charge-critical-path"),
+        )  # fmt: skip
         if self.max_running_requests < 1:
             raise ValueError(f"max running requests must be >= 1, got {self.max_running_requests}")
         known = POLICY_NAMES + EXTRA_POLICY_NAMES

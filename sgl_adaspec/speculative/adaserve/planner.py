@@ -84,8 +84,9 @@ def plan_shape(
     A shape may not slow a guarded group (one a plain decode keeps a request of on course, or
     best effort) below a plain decode's pace by `guard_margin` (`margin` where the batch is
     short of it too), unless it keeps every request a plain decode keeps on course with
-    `margin` to spare in its pace and speeds up the batch by `margin`. Speed so goes to the requests whose
-    SLO it decides, and a request blind to the draft holds the plan to a plain decode."""
+    `margin` to spare in its pace and speeds up the batch by `margin`. Speed so goes to the
+    requests whose SLO it decides, and a request blind to the draft holds the plan to a plain
+    decode."""
     n = slo.num_requests
     if gain.table is None or n == 0:
         return None
