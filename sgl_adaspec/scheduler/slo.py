@@ -141,4 +141,4 @@ def capped_required(required: torch.Tensor, depth: torch.Tensor | int) -> torch.
         return required.clamp(max=float(depth + 1))
     if depth.shape != required.shape:
         raise ValueError(f"depth has shape {tuple(depth.shape)}, required {tuple(required.shape)}")
-    return torch.minimum(required, (depth + 1).to(required.dtype))
+    return torch.minimum(required, depth + 1)  # promoted to required's dtype, exactly

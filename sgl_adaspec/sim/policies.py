@@ -285,7 +285,8 @@ class ServerPolicy:
     ) -> SimStep:
         num_requests = slo.num_requests
         plan = self.driver.plan(num_requests, (self.depth, self.width), slo)
-        self._pending = (plan, None, None, rids, int(context_lens.sum()))
+        context = int(context_lens.sum())
+        self._pending = (plan, None, None, rids, context)
         if plan.plain:
             return _plain(num_requests, warm=plan.keep_warm)
         depth, width = (plan.depth, plan.width) if self.planned_shape else (self.depth, self.width)
@@ -294,9 +295,9 @@ class ServerPolicy:
         if self.num_draft_tokens is not None:
             kept = select_static(cands, self.num_draft_tokens - 1).mask
             cands = cands.derived(valid=kept)  # a top-k by f is closed under parent
-        it = IterationInput(cands, slo, rids, torch.from_numpy(context_lens), depth, width)
+        it = IterationInput(cands, slo, rids, context, depth, width)
         decision = self.driver.decide(it)
-        self._pending = (plan, it, decision, rids, int(context_lens.sum()))
+        self._pending = (plan, it, decision, rids, context)
         return SimStep(
             _beam_forwards(num_requests, depth, width),
             trees,

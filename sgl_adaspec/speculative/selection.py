@@ -96,9 +96,12 @@ class Demand:
     """What the SLO phase serves and the throughput phase ranks by, checked once where it is
     made (a policy makes it with the draft's plan, off the critical path). Fields:
     - required [B] float: A(r), 0 for best effort, never NaN;
-    - urgency [B] int64: the requests by A(r) desc, ties by index (the SLO phase's order),
-      and urgency_rank [B] int64 each request's place in it;
-    - rank_weight [B] float > 0 or None: the throughput phase's weight on f (None: f alone);
+    - serve_key [B] int64: the SLO phase's order (A(r) desc, ties by index) as a key above
+      every throughput key (f x rank_weight <= 1): 2 + B - 1 for the first request served,
+      2 for the last. The selection ranks each request's SLO-phase nodes at its key, so one
+      batch-wide sort serves the requests in this order until the budget runs out;
+    - rank_weight [B] float in (0, 1] or None: the throughput phase's weight on f (None: f
+      alone);
     - drop_beyond_reach: serve A(r) = 0 to the requests whose whole tree, accepted as f
       expects, commits less than A(r), known only from the draft. The order stands: a request
       that asks for nothing is granted nothing wherever it is served;
@@ -107,8 +110,7 @@ class Demand:
     """
 
     required: torch.Tensor
-    urgency: torch.Tensor
-    urgency_rank: torch.Tensor
+    serve_key: torch.Tensor
     rank_weight: torch.Tensor | None = None
     drop_beyond_reach: bool = False
     asks_past_the_bonus: bool = True
@@ -123,18 +125,21 @@ class Demand:
         _check_required(required)
         if rank_weight is not None and (
             rank_weight.shape != required.shape
-            or (free_to_read(rank_weight) and not bool((rank_weight > 0).all()))
+            or (
+                free_to_read(rank_weight)
+                and not bool(((rank_weight > 0) & (rank_weight <= 1)).all())
+            )
         ):
             raise ValueError(
-                f"rank_weight must be [B] = [{required.shape[0]}] and > 0, got {rank_weight}"
+                f"rank_weight must be [B] = [{required.shape[0]}] in (0, 1], got {rank_weight}"
             )
+        num_requests = len(required)
         urgency = torch.sort(required, descending=True, stable=True).indices
-        urgency_rank = torch.empty_like(urgency).scatter_(
-            0, urgency, _positions(len(urgency), urgency.device)
-        )
+        keys_in_order = torch.arange(num_requests + 1, 1, -1, device=urgency.device)
+        serve_key = torch.empty_like(urgency).scatter_(0, urgency, keys_in_order)
         # Unknown where A(r) lives on the device: the SLO phase then runs.
         asks = not free_to_read(required) or bool((required > 1.0).any())
-        return cls(required, urgency, urgency_rank, rank_weight, drop_beyond_reach, asks)
+        return cls(required, serve_key, rank_weight, drop_beyond_reach, asks)
 
     def to(self, device: torch.device) -> Demand:
         """The same demand on `device`, by copies that do not wait on the device."""
@@ -142,8 +147,7 @@ class Demand:
             return self
         weight = self.rank_weight
         return Demand(
-            *(t.to(device, non_blocking=True) for t in (self.required, self.urgency,
-                                                        self.urgency_rank)),
+            *(t.to(device, non_blocking=True) for t in (self.required, self.serve_key)),
             None if weight is None else weight.to(device, non_blocking=True),
             self.drop_beyond_reach, self.asks_past_the_bonus,
         )  # fmt: skip
@@ -164,7 +168,7 @@ def select_adaserve(
        descending f while n_acc < A_cap(r), fewer than `max_nodes_per_request` were added and
        budget remains; n_acc starts at 1 (root) and grows by f(v).
     2. Throughput-optimized: the remaining budget goes to the batch-wide top nodes by f among
-       those not yet selected (by f x rank_weight[r], [B] > 0, where given).
+       those not yet selected (by f x rank_weight[r], [B] in (0, 1], where given).
     `budget` counts the roots (see the module docstring for budget < B). `budget` and
     `max_nodes_per_request` may be 0-d int64 tensors on the candidates' device (computed there
     from the draft): the selection is tensor work only, no host read of the candidates.
@@ -192,10 +196,12 @@ def select_within(
     demand: Demand,
     draft_budget: int | torch.Tensor,
     max_nodes_per_request: int | torch.Tensor,
+    budget_within_real_nodes: bool = False,
 ) -> Selection:
     """`select_for_demand` with the budget given as the candidate nodes to verify beside the
     roots: draft_budget >= 0, an int or a 0-d int64 on the candidates' device
-    (`planner.cost_budget`'s).
+    (`planner.cost_budget`'s; `budget_within_real_nodes`: the caller knows it buys no padding,
+    so the selection need not check).
     Worked in rank order (each request's nodes by f desc, `_rank_nodes`), where both phases
     take prefixes, and put back in node order once."""
     num_requests = cands.num_requests
@@ -206,30 +212,28 @@ def select_within(
     demand = demand.to(device)
     if not isinstance(draft_budget, torch.Tensor):  # filled on the device: no copy to wait for
         draft_budget = torch.full((), draft_budget, dtype=torch.long, device=device)
+    weight, within = demand.rank_weight, budget_within_real_nodes
     if not demand.asks_past_the_bonus:  # phase 1 adds nothing: no ranking per request
-        return _finish(None, _node_keys(cands), None, draft_budget, demand.rank_weight)
+        return _finish(None, _node_keys(cands), None, draft_budget, weight, None, within)
     order, ranked = _rank_nodes(cands)  # [B, N], padding -inf
     # Phase 1 for one request is "take its ranked nodes while n_acc < A_cap": n_acc before the
     # k-th node is 1 + (sum of the first k f's), non-decreasing in k, so the nodes taken form a
     # prefix whose length is the number of real k with n_acc_before[k] < A_cap.
     acc = _acc_before(ranked.clamp(min=0.0))  # [B, N + 1]: the last, n_acc of the whole tree
     target = capped_required(demand.required, cands.max_depth)  # [B] A_cap
-    wanted = acc[:, :-1] < target[:, None]  # [B, N] in rank order
     if demand.drop_beyond_reach:
-        # The others' A_cap is at most n_acc of the whole tree, which padding ranks hold.
-        wanted &= (demand.required <= acc[:, -1])[:, None]
+        # n_acc >= 1: a target of 0 takes nothing. The others' A_cap is at most n_acc of the
+        # whole tree, which padding ranks hold.
+        target = torch.where(demand.required <= acc[:, -1], target, 0.0)
+        wanted = acc[:, :-1] < target[:, None]  # [B, N] in rank order
     else:
-        wanted &= ranked >= 0  # real nodes: f >= 0, padding -inf
+        wanted = (acc[:, :-1] < target[:, None]) & (ranked >= 0)  # real nodes: f >= 0
     if isinstance(max_nodes_per_request, torch.Tensor):
         max_nodes_per_request = to_device(max_nodes_per_request, device)
-    quota = wanted.sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
-    # Requests are served in urgency order until the budget runs out: request i (in that order)
-    # gets min(quota_i, what is left after the requests before it).
-    quota_sorted = quota.index_select(0, demand.urgency)  # [B]
-    served_before = quota_sorted.cumsum(0) - quota_sorted  # [B]
-    granted_sorted = torch.minimum((draft_budget - served_before).clamp(min=0), quota_sorted)
-    slo_counts = granted_sorted.index_select(0, demand.urgency_rank)  # [B]
-    return _finish(order, ranked, slo_counts, draft_budget, demand.rank_weight)
+    # Each request asks for its prefix; the batch-wide ranking serves the asks in the SLO
+    # phase's order until the budget runs out (`Demand.serve_key`).
+    asked = wanted.sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
+    return _finish(order, ranked, asked, draft_budget, weight, demand.serve_key, within)
 
 
 def optimal_trees(cands: Candidates, required: torch.Tensor, budget: int) -> Selection | Infeasible:
@@ -346,15 +350,19 @@ def _prefix_mask(order: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 def _finish(
     order: torch.Tensor | None,
     ranked: torch.Tensor,
-    slo_counts: torch.Tensor | None,
+    prefix_counts: torch.Tensor | None,
     draft_budget: torch.Tensor,
     rank_weight: torch.Tensor | None = None,
+    serve_key: torch.Tensor | None = None,
+    budget_within_real_nodes: bool = False,
 ) -> Selection:
-    """Phase-1 prefixes of `slo_counts` [B] nodes, then the batch-wide top of the rest by f
+    """Phase-1 prefixes of `prefix_counts` [B] nodes, then the batch-wide top of the rest by f
     (x rank_weight [B]) up to `draft_budget` (0-d) nodes in all; order and ranked [B, N] from
     `_rank_nodes` (order None: ranked is f in node order, -inf for padding, and no prefix).
-    The prefixes rank first (+inf), then the rest by key; the first `draft_budget` real ranks
-    are taken. Flattened, the order is (request, rank) or (request, node), and equal f within a
+    The prefixes rank first, at +inf (every prefix fits the budget), or at their request's
+    `serve_key` [B] (`Demand.serve_key`: served in its order, the last one served cut where
+    the budget ends); then the rest by key; the first `draft_budget` real ranks are taken.
+    Flattened, the order is (request, rank) or (request, node), and equal keys within a
     request rank by node index: the module's rule either way. Restricted to one request this
     is a prefix of its ranking, so closure is kept. Tensor work only: the budget may come from
     the device."""
@@ -363,17 +371,24 @@ def _finish(
     key = ranked
     if rank_weight is not None:
         key = key * to_dtype(rank_weight, key.dtype)[:, None]  # w > 0: -inf stays -inf
-    if slo_counts is not None:
-        in_prefix = _positions(num_nodes, device) < slo_counts[:, None]  # [B, N]
-        key = key.masked_fill(in_prefix, math.inf)
+    if prefix_counts is not None:
+        in_prefix = _positions(num_nodes, device) < prefix_counts[:, None]  # [B, N]
+        if serve_key is None:
+            key = key.masked_fill(in_prefix, math.inf)
+        else:  # an integer key above every f x w <= 1, in the key's dtype
+            key = torch.where(in_prefix, serve_key[:, None], key)
     key = key.flatten()  # [B*N]
     top_key, top = torch.sort(key, descending=True, stable=True)
-    taken = (_positions(key.numel(), device) < draft_budget) & (top_key > -math.inf)
+    taken = _positions(key.numel(), device) < draft_budget
+    if not budget_within_real_nodes:
+        taken &= top_key > -math.inf
     taken_ranked = torch.empty_like(taken).scatter_(0, top, taken).view(num_requests, num_nodes)
     counts = taken_ranked.sum(dim=1)
     if order is None:
         return Selection(taken_ranked, counts, torch.zeros_like(counts))
     mask = torch.empty_like(taken_ranked).scatter_(1, order, taken_ranked)  # node order
+    # A request's nodes taken are a prefix of its ranking: its prefix, as far as it was served.
+    slo_counts = prefix_counts if serve_key is None else torch.minimum(prefix_counts, counts)
     return Selection(mask, counts, slo_counts)
 
 

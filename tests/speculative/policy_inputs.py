@@ -32,7 +32,7 @@ def iteration_input(
         cands=cands,
         slo=slo,
         rids=tuple(f"r{i}" for i in range(bsz)),
-        context_lens=torch.full((bsz,), context_len, dtype=torch.int64),
+        context_tokens=bsz * context_len,
         draft_depth=draft_depth,
         draft_width=draft_width,
         history=history,

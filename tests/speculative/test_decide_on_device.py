@@ -71,7 +71,7 @@ def test_the_decision_reads_nothing_of_the_draft_and_matches_the_host_one(mix, l
             tokens_out=torch.tensor([float(rng.randint(0, 60)) for _ in range(requests)]),
         )
         rids = tuple(f"r{i}" for i in range(requests))
-        context = torch.tensor([rng.randint(10, 900) for _ in range(requests)])
+        context = sum(rng.randint(10, 900) for _ in range(requests))
         host = IterationInput(cands, slo, rids, context, depth, width)
         marked = Candidates.trusted(*(on_device(getattr(cands, name)) for name in FIELDS))
         device = IterationInput(marked, slo, rids, context, depth, width)

@@ -54,7 +54,7 @@ def iteration(rids: tuple[str, ...], cands: Candidates, draft_depth: int) -> Ite
         decode_elapsed_ms=torch.zeros(bsz, dtype=torch.float64),
         tokens_out=torch.zeros(bsz),
     )
-    return IterationInput(cands, slo, rids, torch.full((bsz,), 100), draft_depth, 1)
+    return IterationInput(cands, slo, rids, 100 * bsz, draft_depth, 1)
 
 
 def run(policy: FaserPolicy, rids: tuple[str, ...], accept, steps: int, draft_depth: int = 5,

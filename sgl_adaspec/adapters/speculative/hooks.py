@@ -356,9 +356,7 @@ def iteration_input(
         cands=cands,
         slo=plan.slo,
         rids=tuple(req.rid for req in reqs),
-        context_lens=torch.tensor(
-            [len(req.origin_input_ids) + len(req.output_ids) for req in reqs], dtype=torch.long
-        ),
+        context_tokens=sum(len(req.origin_input_ids) + len(req.output_ids) for req in reqs),
         draft_depth=plan.depth,
         draft_width=plan.width,
         history=(

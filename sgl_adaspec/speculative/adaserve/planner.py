@@ -317,7 +317,12 @@ def cost_budget(
     buys padding."""
     n = calibrated.shape[0]
     f = to_dtype(torch.where(valid, calibrated, 0.0).flatten(), torch.float64)  # padding to 0
-    ranked = torch.sort(f, descending=True).values[: spend_ms.shape[0] - 1]  # [m], best first
+    ranked = torch.sort(f, descending=True).values  # best first
+    if ranked.shape[0] >= spend_ms.shape[0]:  # nodes past the curve's L: not bought
+        ranked = ranked[: spend_ms.shape[0] - 1]
     # [m + 1]: the n roots, then the best f' one by one
     expected = torch.nn.functional.pad(ranked, (1, 0), value=float(n)).cumsum(0)
-    return torch.argmax(expected / to_device(spend_ms, f.device)[: expected.shape[0]])
+    spend_ms = to_device(spend_ms, f.device)
+    if spend_ms.shape[0] > expected.shape[0]:
+        spend_ms = spend_ms[: expected.shape[0]]
+    return torch.argmax(expected / spend_ms)

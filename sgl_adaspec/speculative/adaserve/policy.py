@@ -261,11 +261,12 @@ class AdaservePolicy(AdaservePricing):
         calibrated = to_dtype(exact, shaped.path_prob.dtype)
         self._keep_draft_for_the_gain_table(shaped, depth, width, slo, terms.demand.rank_weight)
         n, n_max, cap = cands.num_requests, self.config.max_nodes_per_request, self.config.budget
-        if terms.spend is not None:  # the verify model is fitted
+        fitted = terms.spend is not None  # the verify model: the cost rule's budget
+        if fitted:
             draft_budget = cost_budget(exact, shaped.valid, terms.spend.at(context_tokens))
             if cap is not None:
                 draft_budget = draft_budget.clamp(max=max(cap - n, 0))
-            if n_max is None:
+            if n_max is None and terms.demand.asks_past_the_bonus:  # else the SLO phase is idle
                 n_max = torch.take(
                     to_device(terms.max_nodes_by_spare, draft_budget.device), draft_budget
                 )
@@ -276,7 +277,10 @@ class AdaservePolicy(AdaservePricing):
             if n_max is None:
                 n_max = _max_nodes(draft_budget, n)
         shaped = shaped.derived(path_prob=calibrated)  # monotone: no cap needed
-        selection = select_within(shaped, terms.demand, draft_budget, n_max)
+        # The cost rule's budget buys no padding (`cost_budget`).
+        selection = select_within(
+            shaped, terms.demand, draft_budget, 0 if n_max is None else n_max, fitted
+        )
         self._selected_infeasible = terms.infeasible
         return selection, terms.demand.required, Plan(depth, width, budget), exact
 
@@ -299,7 +303,7 @@ class AdaservePolicy(AdaservePricing):
             self._unread_draft = (shaped, depth, width, slo.tpot_slo_ms, rank_weight)
 
     def decide(self, it: IterationInput) -> Decision:
-        context = int(it.context_lens.sum())
+        context = it.context_tokens
         self._context_tokens = context
         self._context_per_request = context // max(it.cands.num_requests, 1)
         selection, _required, plan, calibrated = self.select(

@@ -291,7 +291,7 @@ class AdaspecPolicy(PolicyBase):
         table is `predict_verify_ms(B + n, sum of context)` for n = 0..max_draft_tokens, computed
         from the fit's coefficients in one go; a draft step costs 0 until one was measured."""
         verified = it.cands.num_requests + torch.arange(max_draft_tokens + 1, dtype=torch.float64)
-        verify_ms = self.verify_latency.predict_tensor(verified, float(it.context_lens.sum()))
+        verify_ms = self.verify_latency.predict_tensor(verified, float(it.context_tokens))
         if verify_ms is None:
             return None
         return IterationCost(self.draft_step_ms or 0.0, verify_ms)

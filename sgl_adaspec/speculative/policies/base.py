@@ -41,7 +41,8 @@ class IterationInput:
     - cands: the draft's candidate trees;
     - slo: the requests' SLO state (TPOT SLO, decode time and tokens so far);
     - rids: the requests' ids, [B] strings, stable across iterations (per-request state key);
-    - context_lens [B] int64: tokens each request holds in the KV cache (prompt + output);
+    - context_tokens: tokens the batch holds in the KV cache (prompts + outputs), counted by
+      the caller on the host;
     - draft_depth / draft_width: the depth and width the draft ran this iteration (the
       policy's `draft_shape`, or SGLang's --speculative-num-steps / --speculative-eagle-topk
       where draft tiers do not run);
@@ -51,17 +52,18 @@ class IterationInput:
     cands: Candidates
     slo: SloBatch
     rids: tuple[str, ...]
-    context_lens: torch.Tensor
+    context_tokens: int
     draft_depth: int
     draft_width: int
     history: tuple[list[int], ...] | None = None
 
     def __post_init__(self) -> None:
         bsz = self.cands.num_requests
-        if len(self.rids) != bsz or self.context_lens.shape != (bsz,):
+        if len(self.rids) != bsz:
+            raise ValueError(f"IterationInput: {bsz} requests but {len(self.rids)} rids")
+        if not isinstance(self.context_tokens, int) or self.context_tokens < 0:
             raise ValueError(
-                f"IterationInput: {bsz} requests but {len(self.rids)} rids and context_lens of "
-                f"shape {tuple(self.context_lens.shape)}"
+                f"IterationInput: context_tokens must be an int >= 0, got {self.context_tokens!r}"
             )
         if self.slo.tpot_slo_ms.shape != (bsz,):
             raise ValueError(
@@ -70,7 +72,7 @@ class IterationInput:
 
     def to_host(self) -> IterationInput:
         """The same input on its way to the host (`host_copy`)."""
-        return replace(self, cands=self.cands.to_host(), context_lens=to_host(self.context_lens))
+        return replace(self, cands=self.cands.to_host())
 
 
 @dataclass(frozen=True)

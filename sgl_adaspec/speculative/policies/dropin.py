@@ -326,7 +326,7 @@ class DropinPolicy(PolicyBase):
         own = tokens.gather(1, current.unsqueeze(1)).squeeze(1)  # [B]
         others = own.sum() - own  # [B]: everyone else's tokens, roots included
         batch_tokens = others.unsqueeze(1) + tokens[:, lo : hi + 1]  # [B, K]
-        verify_ms = self._verify_ms(batch_tokens, int(it.context_lens.sum()))
+        verify_ms = self._verify_ms(batch_tokens, it.context_tokens)
         chosen = best_window(
             torch.tensor([betas[i] for i in rows], dtype=torch.float64),
             windows,

@@ -326,7 +326,7 @@ class FaserPolicy(PolicyBase):
         in the window (J is meaningless where count is 0). `means`: `window_means`, if known."""
         count, committed_mean, latency_mean = means or self.window_means(it.rids, lengths)
         batch_latency = self.predicted_latency_ms(
-            lengths, it.cands.num_requests, int(it.context_lens.sum()), it.draft_depth
+            lengths, it.cands.num_requests, it.context_tokens, it.draft_depth
         )
         # The model predicts T under the current batch (the paper's context b); before it has
         # data, the latencies the request saw at each length are the best estimate there is.
