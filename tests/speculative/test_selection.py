@@ -327,6 +327,10 @@ def test_input_checks():
         select_adaserve(cands, FIGURE5_REQUIRED, -1, 2)
     with pytest.raises(ValueError, match="max_nodes_per_request"):
         select_adaserve(cands, FIGURE5_REQUIRED, 8, -1)
+    # A weight above 1 could lift a throughput key to an SLO-phase key (`Demand.serve_key`).
+    for weight in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"rank_weight must be \[B\] = \[2\] in \(0, 1\]"):
+            select_adaserve(cands, FIGURE5_REQUIRED, 8, 2, torch.tensor([1.0, weight]))
     with pytest.raises(ValueError, match="padding"):
         padded = make_candidates([[(-1, 0.5)], []])
         expected_accepted(padded, torch.ones(2, 1, dtype=torch.bool))
