@@ -266,6 +266,20 @@ def test_cost_budget_stops_where_the_rate_peaks():
     assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), 100.0 + spend_ms[:2]) == 1
 
 
+def test_cost_budget_never_buys_padding():
+    # The selection relies on it (`select_within(..., budget_within_real_nodes=True)`): flat
+    # and rising curves, nodes of f' = 0 and padding anywhere.
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        requests, nodes = torch.randint(1, 6, (2,), generator=generator).tolist()
+        f = torch.rand(requests, nodes, dtype=torch.float64, generator=generator)
+        f = torch.where(torch.rand(f.shape, generator=generator) < 0.3, 0.0, f)
+        valid = torch.rand(f.shape, generator=generator) < 0.6
+        per_token = float(torch.randint(0, 3, (), generator=generator))  # 0: a flat curve
+        spend_ms = 5.0 + per_token * torch.arange(requests * nodes + 1, dtype=torch.float64)
+        assert int(cost_budget(f, valid, spend_ms)) <= int((valid & (f > 0)).sum())
+
+
 def test_tokens_curve_is_predict_tensor_bit_for_bit():
     model = VerifyLatency()
     for tokens, context in ((4, 100), (9, 250), (16, 300), (40, 900), (64, 400), (3, 120)):
