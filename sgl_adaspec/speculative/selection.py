@@ -97,7 +97,7 @@ class Demand:
     made (a policy makes it with the draft's plan, off the critical path). Fields:
     - required [B] float: A(r), 0 for best effort, never NaN;
     - serve_key [B] int64: the SLO phase's order (A(r) desc, ties by index) as a key above
-      every throughput key (f x rank_weight <= 1): 2 + B - 1 for the first request served,
+      every throughput key (f x rank_weight <= 1): B + 1 for the first request served down to
       2 for the last. The selection ranks each request's SLO-phase nodes at its key, so one
       batch-wide sort serves the requests in this order until the budget runs out;
     - rank_weight [B] float in (0, 1] or None: the throughput phase's weight on f (None: f

@@ -277,7 +277,7 @@ class AdaservePolicy(AdaservePricing):
             if n_max is None:
                 n_max = _max_nodes(draft_budget, n)
         shaped = shaped.derived(path_prob=calibrated)  # monotone: no cap needed
-        # The cost rule's budget buys no padding (`cost_budget`).
+        # n_max unread (0) where the SLO phase is idle; the cost rule's budget buys no padding.
         selection = select_within(
             shaped, terms.demand, draft_budget, 0 if n_max is None else n_max, fitted
         )
