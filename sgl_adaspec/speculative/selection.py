@@ -214,7 +214,7 @@ def select_within(
         draft_budget = torch.full((), draft_budget, dtype=torch.long, device=device)
     weight, within = demand.rank_weight, budget_within_real_nodes
     if not demand.asks_past_the_bonus:  # phase 1 adds nothing: no ranking per request
-        return _finish(None, _node_keys(cands), None, draft_budget, weight, None, within)
+        return _finish(None, _node_keys(cands), draft_budget, weight, within_real_nodes=within)
     order, ranked = _rank_nodes(cands)  # [B, N], padding -inf
     # Phase 1 for one request is "take its ranked nodes while n_acc < A_cap": n_acc before the
     # k-th node is 1 + (sum of the first k f's), non-decreasing in k, so the nodes taken form a
@@ -233,7 +233,9 @@ def select_within(
     # Each request asks for its prefix; the batch-wide ranking serves the asks in the SLO
     # phase's order until the budget runs out (`Demand.serve_key`).
     asked = wanted.sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
-    return _finish(order, ranked, asked, draft_budget, weight, demand.serve_key, within)
+    return _finish(
+        order, ranked, draft_budget, weight, (asked, demand.serve_key), within_real_nodes=within
+    )
 
 
 def optimal_trees(cands: Candidates, required: torch.Tensor, budget: int) -> Selection | Infeasible:
@@ -256,7 +258,9 @@ def optimal_trees(cands: Candidates, required: torch.Tensor, budget: int) -> Sel
     draft_budget = budget - num_requests
     if int(need.sum()) > draft_budget:
         return Infeasible.INVALID
-    return _finish(order, ranked, need, torch.tensor(draft_budget))
+    # Every need fits the budget: the order they are served in does not matter.
+    prefixes = (need, Demand.of(required).serve_key)
+    return _finish(order, ranked, torch.tensor(draft_budget), prefixes=prefixes)
 
 
 def select_static(cands: Candidates, num_per_request: int) -> Selection:
@@ -350,37 +354,36 @@ def _prefix_mask(order: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 def _finish(
     order: torch.Tensor | None,
     ranked: torch.Tensor,
-    prefix_counts: torch.Tensor | None,
     draft_budget: torch.Tensor,
     rank_weight: torch.Tensor | None = None,
-    serve_key: torch.Tensor | None = None,
-    budget_within_real_nodes: bool = False,
+    prefixes: tuple[torch.Tensor, torch.Tensor] | None = None,
+    within_real_nodes: bool = False,
 ) -> Selection:
-    """Phase-1 prefixes of `prefix_counts` [B] nodes, then the batch-wide top of the rest by f
-    (x rank_weight [B]) up to `draft_budget` (0-d) nodes in all; order and ranked [B, N] from
-    `_rank_nodes` (order None: ranked is f in node order, -inf for padding, and no prefix).
-    The prefixes rank first, at +inf (every prefix fits the budget), or at their request's
-    `serve_key` [B] (`Demand.serve_key`: served in its order, the last one served cut where
-    the budget ends); then the rest by key; the first `draft_budget` real ranks are taken.
-    Flattened, the order is (request, rank) or (request, node), and equal keys within a
-    request rank by node index: the module's rule either way. Restricted to one request this
-    is a prefix of its ranking, so closure is kept. Tensor work only: the budget may come from
-    the device."""
+    """The phase-1 prefixes, then the batch-wide top of the rest by f (x rank_weight [B]) up to
+    `draft_budget` (0-d) nodes in all; order and ranked [B, N] from `_rank_nodes` (order None:
+    ranked is f in node order, -inf for padding, and no prefixes). prefixes: (counts [B], the
+    requests' `Demand.serve_key` [B]): each request's first counts ranks rank at its serve key,
+    above every other key, so the requests are served in that order and the last one served is
+    cut where the budget ends; then the rest by key; the first `draft_budget` ranks are taken
+    (real ones only, unless `within_real_nodes`: the budget is known to buy no padding).
+    Flattened, the order is (request, rank) or (request, node), and equal keys within a request
+    rank by node index: the module's rule either way. Restricted to one request this is a
+    prefix of its ranking, so closure is kept. Tensor work only: the budget may come from the
+    device."""
     num_requests, num_nodes = ranked.shape
     device = ranked.device
     key = ranked
     if rank_weight is not None:
         key = key * to_dtype(rank_weight, key.dtype)[:, None]  # w > 0: -inf stays -inf
-    if prefix_counts is not None:
+    if prefixes is not None:
+        prefix_counts, serve_key = prefixes
         in_prefix = _positions(num_nodes, device) < prefix_counts[:, None]  # [B, N]
-        if serve_key is None:
-            key = key.masked_fill(in_prefix, math.inf)
-        else:  # an integer key above every f x w <= 1, in the key's dtype
-            key = torch.where(in_prefix, serve_key[:, None], key)
+        # An integer key above every f x w <= 1, promoted to the key's dtype.
+        key = torch.where(in_prefix, serve_key[:, None], key)
     key = key.flatten()  # [B*N]
     top_key, top = torch.sort(key, descending=True, stable=True)
     taken = _positions(key.numel(), device) < draft_budget
-    if not budget_within_real_nodes:
+    if not within_real_nodes:
         taken &= top_key > -math.inf
     taken_ranked = torch.empty_like(taken).scatter_(0, top, taken).view(num_requests, num_nodes)
     counts = taken_ranked.sum(dim=1)
@@ -388,7 +391,7 @@ def _finish(
         return Selection(taken_ranked, counts, torch.zeros_like(counts))
     mask = torch.empty_like(taken_ranked).scatter_(1, order, taken_ranked)  # node order
     # A request's nodes taken are a prefix of its ranking: its prefix, as far as it was served.
-    slo_counts = prefix_counts if serve_key is None else torch.minimum(prefix_counts, counts)
+    slo_counts = torch.minimum(prefixes[0], counts)
     return Selection(mask, counts, slo_counts)
 
 
