@@ -196,25 +196,26 @@ def select_within(
     demand: Demand,
     draft_budget: int | torch.Tensor,
     max_nodes_per_request: int | torch.Tensor,
-    budget_within_real_nodes: bool = False,
+    min_key: float | None = -math.inf,
 ) -> Selection:
     """`select_for_demand` with the budget given as the candidate nodes to verify beside the
-    roots: draft_budget >= 0, an int or a 0-d int64 on the candidates' device
-    (`planner.cost_budget`'s; `budget_within_real_nodes`: the caller knows it buys no padding,
-    so the selection need not check).
+    roots: draft_budget >= 0, an int or a 0-d int64 on the candidates' device. A node is
+    taken only with a key above `min_key` (-inf: any real node; 0: only nodes some
+    acceptance is expected of; None: the caller knows the budget buys no node at or below
+    0, as `planner.cost_budget`'s, so the selection need not check).
     Worked in rank order (each request's nodes by f desc, `_rank_nodes`), where both phases
     take prefixes, and put back in node order once."""
     num_requests = cands.num_requests
     _check_shape(demand.required, num_requests)
-    if isinstance(max_nodes_per_request, int) and max_nodes_per_request < 0:
-        raise ValueError(f"max_nodes_per_request must be >= 0, got {max_nodes_per_request}")
+    for name, count in (("max_nodes_per_request", max_nodes_per_request),
+                        ("draft_budget", draft_budget)):  # fmt: skip
+        if isinstance(count, int) and count < 0:
+            raise ValueError(f"{name} must be >= 0, got {count}")
     device = cands.valid.device
     demand = demand.to(device)
-    if not isinstance(draft_budget, torch.Tensor):  # filled on the device: no copy to wait for
-        draft_budget = torch.full((), draft_budget, dtype=torch.long, device=device)
-    weight, within = demand.rank_weight, budget_within_real_nodes
+    weight = demand.rank_weight
     if not demand.asks_past_the_bonus:  # phase 1 adds nothing: no ranking per request
-        return _finish(None, _node_keys(cands), draft_budget, weight, within_real_nodes=within)
+        return _finish(None, _node_keys(cands), draft_budget, weight, min_key=min_key)
     order, ranked = _rank_nodes(cands)  # [B, N], padding -inf
     # Phase 1 for one request is "take its ranked nodes while n_acc < A_cap": n_acc before the
     # k-th node is 1 + (sum of the first k f's), non-decreasing in k, so the nodes taken form a
@@ -234,7 +235,7 @@ def select_within(
     # phase's order until the budget runs out (`Demand.serve_key`).
     asked = wanted.sum(dim=1).clamp(max=max_nodes_per_request)  # [B]
     return _finish(
-        order, ranked, draft_budget, weight, (asked, demand.serve_key), within_real_nodes=within
+        order, ranked, draft_budget, weight, (asked, demand.serve_key), min_key=min_key
     )
 
 
@@ -260,7 +261,7 @@ def optimal_trees(cands: Candidates, required: torch.Tensor, budget: int) -> Sel
         return Infeasible.INVALID
     # Every need fits the budget: the order they are served in does not matter.
     prefixes = (need, Demand.of(required).serve_key)
-    return _finish(order, ranked, torch.tensor(draft_budget), prefixes=prefixes)
+    return _finish(order, ranked, draft_budget, prefixes=prefixes)
 
 
 def select_static(cands: Candidates, num_per_request: int) -> Selection:
@@ -354,18 +355,18 @@ def _prefix_mask(order: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 def _finish(
     order: torch.Tensor | None,
     ranked: torch.Tensor,
-    draft_budget: torch.Tensor,
+    draft_budget: int | torch.Tensor,
     rank_weight: torch.Tensor | None = None,
     prefixes: tuple[torch.Tensor, torch.Tensor] | None = None,
-    within_real_nodes: bool = False,
+    min_key: float | None = -math.inf,
 ) -> Selection:
     """The phase-1 prefixes, then the batch-wide top of the rest by f (x rank_weight [B]) up to
-    `draft_budget` (0-d) nodes in all; order and ranked [B, N] from `_rank_nodes` (order None:
-    ranked is f in node order, -inf for padding, and no prefixes). prefixes: (counts [B], the
+    `draft_budget` (an int or 0-d) nodes in all; order and ranked [B, N] from `_rank_nodes`
+    (order None: ranked is f in node order, -inf for padding, and no prefixes). prefixes: (counts [B], the
     requests' `Demand.serve_key` [B]): each request's first counts ranks rank at its serve key,
     above every other key, so the requests are served in that order and the last one served is
-    cut where the budget ends; then the rest by key; the first `draft_budget` ranks are taken
-    (real ones only, unless `within_real_nodes`: the budget is known to buy no padding).
+    cut where the budget ends; then the rest by key; the first `draft_budget` ranks are taken,
+    those with a key above `min_key` (-inf: real ones; None: not checked).
     Flattened, the order is (request, rank) or (request, node), and equal keys within a request
     rank by node index: the module's rule either way. Restricted to one request this is a
     prefix of its ranking, so closure is kept. Tensor work only: the budget may come from the
@@ -383,8 +384,8 @@ def _finish(
     key = key.flatten()  # [B*N]
     top_key, top = torch.sort(key, descending=True, stable=True)
     taken = _positions(key.numel(), device) < draft_budget
-    if not within_real_nodes:
-        taken &= top_key > -math.inf
+    if min_key is not None:
+        taken &= top_key > min_key
     taken_ranked = torch.empty_like(taken).scatter_(0, top, taken).view(num_requests, num_nodes)
     counts = taken_ranked.sum(dim=1)
     if order is None:

@@ -266,9 +266,9 @@ def test_cost_budget_stops_where_the_rate_peaks():
     assert cost_budget(f, torch.ones_like(f, dtype=torch.bool), 100.0 + spend_ms[:2]) == 1
 
 
-def test_cost_budget_never_buys_padding():
-    # The selection relies on it (`select_within(..., budget_within_real_nodes=True)`): flat
-    # and rising curves, nodes of f' = 0 and padding anywhere.
+def test_cost_budget_never_buys_padding_nor_a_node_of_nothing_expected():
+    # The selection relies on it (`select_within(..., min_key=None)`): flat and rising
+    # curves, nodes of f' = 0 and padding anywhere.
     generator = torch.Generator().manual_seed(0)
     for _ in range(300):
         requests, nodes = torch.randint(1, 6, (2,), generator=generator).tolist()

@@ -268,7 +268,8 @@ def pooled_gain(
 ) -> torch.Tensor:
     """pool [E, S, L]: ranked f' of a pool of pool_rows[e] requests (default: requests[e]) ->
     [E, S, nodes]: per counted request, the gain of the pool's pool_rows * k best nodes, as
-    `cost_budget` spends a batch-wide budget. Per request, deep shapes would be underpriced."""
+    the selection spends the plan's batch-wide budget. Per request, deep shapes would be
+    underpriced."""
     entries, shapes, length = pool.shape
     if length == 0:
         return pool.new_zeros(entries, shapes, nodes)

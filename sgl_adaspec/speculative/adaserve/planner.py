@@ -3,8 +3,9 @@ Pure math. f' is the calibrated path probability: a set of nodes is expected to 
 sum of f' (AdaServe Theorem 3.1).
 
 Before the draft, `plan_shape` scores every shape and node count, and a plain decode, by the
-requests kept on course for their SLO; after it, `cost_budget` cuts the batch-wide ranking by
-f' where expected tokens per ms peak.
+requests kept on course for their SLO: the draft runs the chosen shape and the verify takes
+the chosen count. After a draft no plan shaped (a probe, an exploration), `cost_budget` cuts
+the batch-wide ranking by f' where expected tokens per ms peak.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 Two budget rules (`AdaserveConfig.budget_rule`):
 - "cost" (default): before the draft, the mode machine (`modes.next_draft`) picks the shape,
   mostly the plan's (`planner.plan_shape` on the measured models, `pricing.py`; depth 0: no
-  speculation); after it, B maximizes expected committed tokens per ms (`planner.cost_budget`),
-  and AdaServe's SLO-customized phase spends it most urgent request first, at most ~1.2 B / n
-  nodes each.
+  speculation), and with the plan's shape its nodes per request: B = n x k is known before the
+  draft. A draft no plan shaped (a probe, an exploration) gets B after it, where expected
+  committed tokens per ms peak (`planner.cost_budget`). AdaServe's SLO-customized phase spends
+  B most urgent request first, at most ~1.2 B / n nodes each.
 - "knee": the paper's rules, kept for comparison: B at the knee of the start-up verify
   profile (or --adaserve-budget), (d, w) from eq. 8-9 (`knee_shape`).
 """
@@ -100,6 +101,8 @@ class AdaservePolicy(AdaservePricing):
         return draft.shape
 
     def _terms_for(self, slo: SloBatch, depth: int, width: int) -> _SloTerms:
+        """The selection's terms for a draft of (depth, width) of this batch; the running plan's
+        budget where that plan chose the shape."""
         pace = self.wall_per_decode  # A(r) for the wall time until the next iteration
         required = required_tokens(slo, (self.t_spec_ms or 0.0) * pace)
         infeasible = self._infeasible(slo, depth)
@@ -113,8 +116,21 @@ class AdaservePolicy(AdaservePricing):
         return _SloTerms(
             slo, (depth, width), demand, infeasible,
             None if verify is None else SpendCurve.of(self._draft_ms(depth, width, n), verify),
-            _max_nodes(nodes, n),
+            _max_nodes(nodes, n), self._planned_nodes(n, depth, width),
         )  # fmt: skip
+
+    def _planned_nodes(self, num_requests: int, depth: int, width: int) -> int | None:
+        """The candidate nodes the running plan verifies beside the roots (its n x k, within
+        --adaserve-budget), where the draft ran that plan's shape or one covering it (a server's
+        draft tier); else None."""
+        plan = self._running_plan
+        if plan is None or plan.nodes_per_request < 1:
+            return None
+        if plan.depth > depth or plan.width > width:
+            return None
+        nodes = num_requests * plan.nodes_per_request
+        cap = self.config.budget
+        return nodes if cap is None else min(nodes, max(cap - num_requests, 0))
 
     def draft_is_stale(self) -> bool:
         return self.draft_state.cold
@@ -261,8 +277,14 @@ class AdaservePolicy(AdaservePricing):
         calibrated = to_dtype(exact, shaped.path_prob.dtype)
         self._keep_draft_for_the_gain_table(shaped, depth, width, slo, terms.demand.rank_weight)
         n, n_max, cap = cands.num_requests, self.config.max_nodes_per_request, self.config.budget
-        fitted = terms.spend is not None  # the verify model: the cost rule's budget
-        if fitted:
+        planned = terms.planned_nodes
+        # Else the verify model prices this draft's own nodes: the cost rule's budget.
+        fitted = planned is None and terms.spend is not None
+        if planned is not None:  # known before the draft: no work between it and the verify
+            draft_budget, budget = planned, planned + n
+            if n_max is None:
+                n_max = _max_nodes(planned, n)
+        elif fitted:
             draft_budget = cost_budget(exact, shaped.valid, terms.spend.at(context_tokens))
             if cap is not None:
                 draft_budget = draft_budget.clamp(max=max(cap - n, 0))
@@ -277,10 +299,12 @@ class AdaservePolicy(AdaservePricing):
             if n_max is None:
                 n_max = _max_nodes(draft_budget, n)
         shaped = shaped.derived(path_prob=calibrated)  # monotone: no cap needed
-        # n_max unread (0) where the SLO phase is idle; the cost rule's budget buys no padding.
+        # n_max unread (0) where the SLO phase is idle. No node f' expects nothing of is
+        # verified: the cost rule's budget buys none, the plan's is told not to.
         selection = select_within(
-            shaped, terms.demand, draft_budget, 0 if n_max is None else n_max, fitted
-        )
+            shaped, terms.demand, draft_budget, 0 if n_max is None else n_max,
+            None if fitted else 0.0,
+        )  # fmt: skip
         self._selected_infeasible = terms.infeasible
         return selection, terms.demand.required, Plan(depth, width, budget), exact
 
@@ -344,8 +368,9 @@ class _SloTerms:
     the selection's demand (A(r), 0 for the requests beyond any tree, its order and the
     throughput phase's rank weight, None: f' alone), those requests [B] bool, the iteration's
     predicted ms (the draft's sunk ms and the verify's) with m = 0.. candidate nodes but for
-    the context's term (None while the verify model is unfitted), and the SLO phase's n_max
-    [m + 1] int64 when m candidate nodes are verified (`_max_nodes`)."""
+    the context's term (None while the verify model is unfitted), the SLO phase's n_max
+    [m + 1] int64 when m candidate nodes are verified (`_max_nodes`), and the candidate nodes
+    the running plan verifies (None: no plan chose this shape)."""
 
     slo: SloBatch
     shape: tuple[int, int]
@@ -353,6 +378,7 @@ class _SloTerms:
     infeasible: torch.Tensor
     spend: SpendCurve | None
     max_nodes_by_spare: torch.Tensor
+    planned_nodes: int | None
 
 
 @dataclass(frozen=True)
