@@ -11,8 +11,10 @@ single-threaded: the simulator's own work (the draft trees, the accept walk) is 
 scheduler's critical path of every iteration. Per rate: the policy's ms per speculative and
 per plain iteration (mean over the run's iterations, median over `--repeats` runs of the same
 workload), the mean running requests, and the share of iterations that speculated; each
-policy of `--policies` (server policies: adaserve, tetris, adaspec, faser, dropin) on the same
-workload, so adaserve's time reads beside another policy's on the same host.
+policy of `--policies` (server policies: adaserve, tetris, adaspec, faser, dropin;
+adaserve-full-draft: adaserve with every draft the configured search, as on a server without
+draft tiers) on the same workload, so adaserve's time reads beside another policy's on the
+same host.
 Each speculative iteration's time is split: `decide` on the critical path (between the draft
 and the verify's launch), the rest overlapped with the device's work under SGLang's overlap
 scheduler (`Clock`). Last lines: adaserve_policy_ms_per_speculative_iteration= and
@@ -32,8 +34,12 @@ from sgl_adaspec.sim.experiments import SweepConfig, SweepSetup
 from sgl_adaspec.sim.policies import SERVER_POLICY_NAMES, make_policy
 
 TIMED_CALLS = (
-    "draft_shape", "keep_draft_warm", "decide", "iteration_launched", "observe", "draft_prefills",
+    "draft_shape", "keep_draft_warm", "draft_runs", "decide", "iteration_launched", "observe",
+    "draft_prefills",
 )
+# adaserve where the draft runs the configured search, not the plan's shape (a server without
+# a draft tier for it): told the shape before the draft (`draft_runs`).
+OTHER_NAMES = SERVER_POLICY_NAMES + ("adaserve-full-draft",)
 
 
 class Clock:
@@ -101,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", default="adaserve", help="comma-separated; adaserve first")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
-    if not names or names[0] != "adaserve" or any(n not in SERVER_POLICY_NAMES + ("adaserve",)
+    if not names or names[0] != "adaserve" or any(n not in OTHER_NAMES + ("adaserve",)
                                                     for n in names):  # fmt: skip
-        parser.error(f"--policies: adaserve first, then any of {', '.join(SERVER_POLICY_NAMES)}")
+        parser.error(f"--policies: adaserve first, then any of {', '.join(OTHER_NAMES)}")
     torch.set_num_threads(1)
     rates = tuple(float(r) for r in args.rates.split(","))
     config = SweepConfig(

@@ -319,8 +319,9 @@ def describe(sweep: dict) -> str:
     return "\n".join(
         [
             f"latency model: {lat['name']} ({lat['description']})",
-            f"  baseline TPOT {lat['baseline_tpot_ms']:.2f} ms; adaserve budget B = "
-            f"{lat['adaserve_budget']} (knee of the verify profile)",
+            f"  baseline TPOT {lat['baseline_tpot_ms']:.2f} ms; knee of the verify profile "
+            f"{lat['adaserve_budget']} (adaserve's B under the knee rule; the cost rule sizes B "
+            f"itself)",
             f"acceptance model: {acc['name']}: {acc['source']}",
             f"SLOs: {slo}; mix coding/chat/summarization 60/20/20; Poisson arrivals, "
             f"{cfg['num_requests']} requests per run, mean of {cfg['repeats']} seeds per rate "

@@ -284,12 +284,16 @@ class ServerPolicy:
         self, slo: SloBatch, draft: Drafter, rids: tuple[str, ...], context_lens: np.ndarray
     ) -> SimStep:
         num_requests = slo.num_requests
-        plan = self.driver.plan(num_requests, (self.depth, self.width), slo)
+        configured = (self.depth, self.width)
+        plan = self.driver.plan(
+            num_requests, configured, slo,
+            runs_in=None if self.planned_shape else (lambda asked: configured),
+        )  # fmt: skip
         context = int(context_lens.sum())
         self._pending = (plan, None, None, rids, context)
         if plan.plain:
             return _plain(num_requests, warm=plan.keep_warm)
-        depth, width = (plan.depth, plan.width) if self.planned_shape else (self.depth, self.width)
+        depth, width = plan.depth, plan.width
         trees = draft(depth, width)
         cands = trees.candidates()
         if self.num_draft_tokens is not None:

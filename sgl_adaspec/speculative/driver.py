@@ -140,15 +140,22 @@ class IterationDriver:
         configured: tuple[int, int],
         slo: SloBatch | None,
         can_keep_warm: bool = True,
+        runs_in: Callable[[tuple[int, int]], tuple[int, int]] | None = None,
     ) -> DraftPlan:
         """The draft's shape within the configured search (steps, topk); `can_keep_warm`:
-        whether a plain iteration can keep the draft's state here. Outcomes older than the lag
-        are taken first."""
+        whether a plain iteration can keep the draft's state here; `runs_in`: the shape a
+        draft asked for runs in (a server's covering draft tier, or the configured search;
+        None: the one asked for), which the policy is told before the draft
+        (`PolicyBase.draft_runs`). Outcomes older than the lag are taken first."""
         self.critical_s = 0.0
         self.take(keep=self.observe_lag)
         with policy_calls():
             depth, width = self.policy.draft_shape(num_requests, *configured, slo)
             keep_warm = depth == 0 and can_keep_warm and self.policy.keep_draft_warm()
+            runs = (depth, width) if depth == 0 or runs_in is None else runs_in((depth, width))
+            if runs != (depth, width):
+                depth, width = runs
+                self.policy.draft_runs(depth, width)
         return DraftPlan(depth, width, keep_warm, slo)
 
     def draft_prefills(self, new_requests: int) -> bool:

@@ -29,11 +29,15 @@ class Scripted(PolicyBase):
     shapes: list = field(default_factory=list)
     warm: bool = True
     asked: list = field(default_factory=list)
+    ran: list = field(default_factory=list)
     outcomes: list = field(default_factory=list)
 
     def draft_shape(self, num_requests, steps, topk, slo=None):
         self.asked.append((num_requests, steps, topk, slo))
         return self.shapes.pop(0)
+
+    def draft_runs(self, depth, width):
+        self.ran.append((depth, width))
 
     def keep_draft_warm(self) -> bool:
         return self.warm
@@ -114,6 +118,21 @@ def test_the_simulator_drives_server_policies_through_the_driver(monkeypatch):
     assert drafted == DraftPlan(2, 1, False, drafted.slo)
     assert outcome.accepted.tolist() == [3, 2] and outcome.context_tokens == 30
     assert not outcome.warm_up  # a simulated first draft pays no one-off set-up
+
+
+@pytest.mark.parametrize(("planned_shape", "drafted", "told"), [(True, (2, 1), []),
+                                                                 (False, (3, 2), [(3, 2)])])
+def test_the_simulator_drafts_and_tells_the_shape_the_draft_runs(planned_shape, drafted, told):
+    drafts = []
+
+    def drafter(depth, width):
+        drafts.append((depth, width))
+        return _ChainDrafter()(depth, width)
+
+    policy = Scripted(shapes=[(2, 1)])
+    server = ServerPolicy(policy, "scripted", depth=3, width=2, planned_shape=planned_shape)
+    server.decide(_slo(2), drafter, ("a", "b"), np.array([10, 20]))
+    assert drafts == [drafted] and policy.ran == told
 
 
 def _cands() -> Candidates:
@@ -217,6 +236,8 @@ class _Tiers:
     ],
 )
 def test_the_hooks_run_the_plan_in_a_built_tier(monkeypatch, shape, tiers, expected):
+    """...and the policy is told, before the draft, the shape it runs where that is not the
+    one it asked for."""
     monkeypatch.setattr(request_state, "slo_batch", lambda reqs, policy, base: _slo(len(reqs)))
     monkeypatch.setattr(hooks, "warm_shape", lambda t: (0, 2) if t is not None and t.warm else None)
     monkeypatch.setattr(hooks, "needs_draft_probs", lambda info: False)
@@ -226,6 +247,7 @@ def test_the_hooks_run_the_plan_in_a_built_tier(monkeypatch, shape, tiers, expec
     plan = hooks._plan(driver, state, batch, (4, 2))
     assert (plan.depth, plan.width, plan.keep_warm) == expected
     assert plan.slo is not None and plan.slo.num_requests == 2
+    assert driver.policy.ran == ([] if expected[:2] == shape else [expected[:2]])
 
 
 def test_a_follower_rank_runs_the_plan_rank_0_sent_without_asking_its_policy():

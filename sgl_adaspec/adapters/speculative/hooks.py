@@ -147,11 +147,11 @@ def _plan(driver: IterationDriver, state, batch, configured: tuple[int, int]) ->
         with policy_calls():
             slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
         # Only where the steps-0 tier was built can a plain iteration keep the draft warm.
-        plan = driver.plan(len(batch.reqs), configured, slo, warm_shape(tiers) is not None)
-        shape = (plan.depth, plan.width)
-        if not plan.plain:
-            shape = _tier_of(tiers, shape, batch) or configured
-        shape = (*shape, plan.keep_warm)
+        plan = driver.plan(
+            len(batch.reqs), configured, slo, warm_shape(tiers) is not None,
+            runs_in=lambda asked: _tier_of(tiers, asked, batch) or configured,
+        )  # fmt: skip
+        shape = (plan.depth, plan.width, plan.keep_warm)
     depth, width, warm = sync.value(shape)
     return DraftPlan(depth, width, warm, slo)
 

@@ -100,6 +100,13 @@ class AdaservePolicy(AdaservePricing):
             self._slo_terms = self._terms_for(slo, *draft.shape)
         return draft.shape
 
+    def draft_runs(self, depth: int, width: int) -> None:
+        """The selection's terms for the shape the draft runs (a tier covering the plan's, or
+        the configured search), made before the draft as the plan's own are."""
+        terms = self._slo_terms
+        if terms is not None and terms.shape != (depth, width):
+            self._slo_terms = self._terms_for(terms.slo, depth, width)
+
     def _terms_for(self, slo: SloBatch, depth: int, width: int) -> _SloTerms:
         """The selection's terms for a draft of (depth, width) of this batch; the running plan's
         budget where that plan chose the shape."""

@@ -357,6 +357,13 @@ class PolicyBase(PolicyMeasurements):
         Default: the configured search."""
         return steps, topk
 
+    def draft_runs(self, depth: int, width: int) -> None:
+        """Told before the draft when it runs (depth, width) rather than the shape
+        `draft_shape` asked for (a server's draft tier covering it, or the configured search):
+        what the policy readies for the draft's candidates before the draft, it readies for
+        this shape, so that none of it runs between the draft and the verify. Default:
+        nothing."""
+
     def draft_widths(self, topk: int) -> list[int] | None:
         """The beam widths `draft_shape` may ask for with `--speculative-eagle-topk` topk: the
         server builds draft tiers at these (`draft_tiers.tier_shapes`). None: any width."""
