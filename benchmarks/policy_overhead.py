@@ -2,7 +2,7 @@
 
     python benchmarks/policy_overhead.py [--preset a100x4-llama70b] [--rates 2,8]
                                          [--requests 200] [--repeats 3] [--seed 0]
-                                         [--policies adaserve,tetris]
+                                         [--policies adaserve,tetris] [--server-trees]
 
 The simulator drives the policy through the calls the SGLang adapter makes (`draft_shape`,
 `keep_draft_warm`, `decide`, `iteration_launched`, `observe`, `draft_prefills`;
@@ -17,7 +17,9 @@ draft tiers) on the same workload, so adaserve's time reads beside another polic
 same host.
 Each speculative iteration's time is split: `decide` on the critical path (between the draft
 and the verify's launch), the rest overlapped with the device's work under SGLang's overlap
-scheduler (`Clock`). Last lines: adaserve_policy_ms_per_speculative_iteration= and
+scheduler (`Clock`). `--server-trees`: the candidates carry no layout promise but their depths,
+as those the SGLang adapter builds from SGLang's verify tree (the simulator's say they are a
+beam search's, so narrowing them to the drafted shape costs nothing). Last lines: adaserve_policy_ms_per_speculative_iteration= and
 adaserve_critical_path_ms_per_speculative_iteration=, each the largest over rates.
 """
 
@@ -73,11 +75,14 @@ class Clock:
         return timed
 
 
-def one_run(setup: SweepSetup, workload, name: str = "adaserve") -> Clock:
+def one_run(
+    setup: SweepSetup, workload, name: str = "adaserve", server_trees: bool = False
+) -> Clock:
     clocks = []
 
     def policy():
         adapter = make_policy(name, setup.budget, setup.baseline)
+        adapter.layout_promise = not server_trees
         clocks.append(Clock(adapter.policy))
         return adapter
 
@@ -105,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policies", default="adaserve", help="comma-separated; adaserve first")
+    parser.add_argument("--server-trees", action="store_true",
+                        help="candidates without a layout promise, as the SGLang adapter's")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if not names or names[0] != "adaserve" or any(n not in OTHER_NAMES + ("adaserve",)
@@ -126,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     for rate in rates:
         workload = setup.workloads(rate)[0]
         for name in names:
-            clocks = [one_run(setup, workload, name) for _ in range(args.repeats)]
+            clocks = [one_run(setup, workload, name, args.server_trees)
+                      for _ in range(args.repeats)]
             spec = _per_iteration(clocks, "speculative")
             on_path = _per_iteration(clocks, "speculative", "critical")
             overlapped = _per_iteration(clocks, "speculative", "overlapped")

@@ -30,6 +30,7 @@ import torch
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.sim.trees import SampledTrees
+from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
 from sgl_adaspec.speculative.adaserve.policy import AdaservePolicy
 from sgl_adaspec.speculative.driver import IterationDriver, VerifyResult
@@ -260,7 +261,11 @@ class ServerPolicy:
     - num_draft_tokens: SGLang's rerank keeps each request's top nodes by f, root included
       (--speculative-num-draft-tokens); None: every drafted node is a candidate;
     - planned_shape: the draft runs the policy's shape (draft tiers on) or the configured one
-      (off; a depth of 0 is honoured either way, as on the server)."""
+      (off; a depth of 0 is honoured either way, as on the server);
+    - layout_promise: the candidates say they are a beam search's, laid out level by level
+      (`Candidates.beam`); False: they say nothing of it but their nodes' depths, as those the
+      SGLang adapter builds from SGLang's verify tree, so a policy that narrows them to a
+      shape checks or searches for it."""
 
     policy: PolicyBase
     name: str
@@ -269,6 +274,7 @@ class ServerPolicy:
     num_draft_tokens: int | None = 8
     planned_shape: bool = True
     speculates: bool = True
+    layout_promise: bool = True
 
     def __post_init__(self) -> None:
         self.driver = IterationDriver(self.policy, clock=_host_clock, first_draft_warms_up=False)
@@ -296,6 +302,10 @@ class ServerPolicy:
         depth, width = plan.depth, plan.width
         trees = draft(depth, width)
         cands = trees.candidates()
+        if not self.layout_promise:
+            node_depth = cands.depth
+            cands = Candidates.trusted(cands.tokens, cands.parents, cands.path_prob, cands.valid)
+            cands.__dict__["depth"] = node_depth
         if self.num_draft_tokens is not None:
             kept = select_static(cands, self.num_draft_tokens - 1).mask
             cands = cands.derived(valid=kept)  # a top-k by f is closed under parent

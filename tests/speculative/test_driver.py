@@ -135,6 +135,22 @@ def test_the_simulator_drafts_and_tells_the_shape_the_draft_runs(planned_shape, 
     assert drafts == [drafted] and policy.ran == told
 
 
+@pytest.mark.parametrize("promise", [True, False])
+def test_the_simulators_candidates_promise_a_layout_only_where_asked(promise):
+    seen = []
+
+    @dataclass(kw_only=True)
+    class Seeing(Scripted):
+        def decide(self, it):
+            seen.append(it.cands.beam)
+            return super().decide(it)
+
+    server = ServerPolicy(Seeing(shapes=[(2, 1)]), "seeing", depth=2, width=1,
+                          layout_promise=promise)  # fmt: skip
+    server.decide(_slo(2), _ChainDrafter(), ("a", "b"), np.array([10, 20]))
+    assert seen == [(2, 1) if promise else None]  # None: as the SGLang adapter's trees
+
+
 def _cands() -> Candidates:
     return Candidates(
         tokens=torch.tensor([[5, 6], [7, 8]]), parents=torch.tensor([[-1, 0], [-1, 0]]),

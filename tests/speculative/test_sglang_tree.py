@@ -21,13 +21,24 @@ from sgl_adaspec.speculative.host_reads import HostReadCounter
 
 
 def tree_of(parents: torch.Tensor, path_prob: torch.Tensor | None = None, marked=False):
-    """The plugin's view of a fake verify input whose links are SGLang's for `parents`."""
+    """The plugin's view of a fake verify input whose links are SGLang's for `parents`, its
+    positions each request's length plus the node's depth (an unlinked node's anything)."""
     bs, ntok = parents.shape
     first_child, next_sibling = sibling_links(parents)
+    positions = torch.randint(0, 99, (bs, ntok))
+    for b in range(bs):
+        length = random.randint(1, 500)
+        for node in range(ntok):
+            depth, up = 0, node
+            while up > 0:
+                depth, up = depth + 1, parents[b, up].item()
+            if up == 0:  # linked to the root
+                positions[b, node] = length + depth
     verify_input = SimpleNamespace(
         retrieve_next_token=first_child,
         retrieve_next_sibling=next_sibling,
         draft_token=torch.arange(bs * ntok),
+        positions=positions.view(-1),
     )
     if path_prob is None:
         path_prob = torch.rand(bs, ntok - 1)
@@ -77,7 +88,8 @@ def test_parents_and_candidates_match_the_walk_over_the_links(seed):
                     want = min(tree.path_prob[b, n - 1].item() for n in path)
                     assert cands.path_prob[b, node].item() == pytest.approx(want)
                     assert cands.parents[b, node].item() == parents[b, node + 1].item() - 1
-        cands.__class__(cands.tokens, cands.parents, cands.path_prob, cands.valid)  # checks
+        walked = cands.__class__(cands.tokens, cands.parents, cands.path_prob, cands.valid)
+        assert torch.equal(cands.depth, walked.depth)  # from positions: as walked
 
 
 def test_the_window_reads_nothing_of_the_device_tensors():

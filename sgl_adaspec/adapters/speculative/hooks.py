@@ -36,7 +36,7 @@ from sgl_adaspec.adapters.speculative.draft_outputs import (
 )
 from sgl_adaspec.adapters.speculative.draft_tiers import needs_draft_probs, run_draft
 from sgl_adaspec.adapters.speculative.early_exit import exit_run, plan_exit_run
-from sgl_adaspec.adapters.speculative.fallbacks import Fallback, fell_back
+from sgl_adaspec.adapters.speculative.fallbacks import Fallback, fell_back, strict
 from sgl_adaspec.adapters.speculative.host_read_count import counted_host_reads
 from sgl_adaspec.adapters.speculative.iteration import (
     Iteration,
@@ -60,6 +60,7 @@ from sgl_adaspec.adapters.speculative.tree import (
     scatter_rows,
     verify_tree_parents,
 )
+from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.driver import DraftPlan, IterationDriver, VerifyResult
 from sgl_adaspec.speculative.host_copy import to_host
 from sgl_adaspec.speculative.host_reads import unmarked
@@ -340,6 +341,15 @@ def _decide(batch, driver: IterationDriver, plan: DraftPlan, tree: DraftTree, pa
     return it, decision
 
 
+def _check_depths(cands: Candidates) -> None:
+    """Under the strict switch (the tests): the depths read from SGLang's positions are those
+    its parent links give (a walk; host reads of unmarked copies, not counted)."""
+    plain = Candidates.trusted(*(unmarked(t) for t in (cands.tokens, cands.parents,
+                                                       cands.path_prob, cands.valid)))  # fmt: skip
+    if not torch.equal(unmarked(cands.depth), plain.depth):
+        raise RuntimeError("sgl_adaspec: SGLang's positions disagree with its tree's links")
+
+
 def iteration_input(
     batch, policy: PolicyBase, plan: DraftPlan, tree: DraftTree, parents: torch.Tensor
 ) -> IterationInput:
@@ -348,6 +358,8 @@ def iteration_input(
     for."""
     reqs = batch.reqs
     cands = candidates_from_verify_input(tree, parents)
+    if strict() and "depth" in cands.__dict__:
+        _check_depths(cands)
     blind = draft_blind(reqs)  # [B] bool, host
     if bool(blind.any()):  # the draft never read their prompts: nothing of theirs pays
         blind = blind.to(cands.path_prob.device, non_blocking=True).unsqueeze(1)
