@@ -19,7 +19,8 @@ Each speculative iteration's time is split: `decide` on the critical path (betwe
 and the verify's launch), the rest overlapped with the device's work under SGLang's overlap
 scheduler (`Clock`). `--server-trees`: the candidates carry no layout promise but their depths,
 as those the SGLang adapter builds from SGLang's verify tree (the simulator's say they are a
-beam search's, so narrowing them to the drafted shape costs nothing). Last lines: adaserve_policy_ms_per_speculative_iteration= and
+beam search's, so narrowing them to the drafted shape costs nothing). Last lines:
+adaserve_policy_ms_per_speculative_iteration= and
 adaserve_critical_path_ms_per_speculative_iteration=, each the largest over rates.
 """
 

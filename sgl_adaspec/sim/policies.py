@@ -30,9 +30,9 @@ import torch
 from sgl_adaspec.config import AdaspecConfig
 from sgl_adaspec.scheduler.slo import SloBatch
 from sgl_adaspec.sim.trees import SampledTrees
-from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.adaserve.config import AdaserveConfig
 from sgl_adaspec.speculative.adaserve.policy import AdaservePolicy
+from sgl_adaspec.speculative.candidates import Candidates
 from sgl_adaspec.speculative.driver import IterationDriver, VerifyResult
 from sgl_adaspec.speculative.policies import SHAPING_POLICIES, build_policy
 from sgl_adaspec.speculative.policies.base import IterationInput, PolicyBase
@@ -303,9 +303,9 @@ class ServerPolicy:
         trees = draft(depth, width)
         cands = trees.candidates()
         if not self.layout_promise:
-            node_depth = cands.depth
-            cands = Candidates.trusted(cands.tokens, cands.parents, cands.path_prob, cands.valid)
-            cands.__dict__["depth"] = node_depth
+            cands = Candidates.trusted(
+                cands.tokens, cands.parents, cands.path_prob, cands.valid, depth=cands.depth
+            )
         if self.num_draft_tokens is not None:
             kept = select_static(cands, self.num_draft_tokens - 1).mask
             cands = cands.derived(valid=kept)  # a top-k by f is closed under parent

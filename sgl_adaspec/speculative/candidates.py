@@ -141,27 +141,33 @@ class Candidates:
         parent's; valid closed under parent). The nodes' depths carry over: checking and
         re-deriving them for the two trees derived per iteration was a tenth of the policy's
         time."""
-        tree = Candidates.trusted(
+        return Candidates.trusted(
             self.tokens, self.parents, self.path_prob if path_prob is None else path_prob,
-            self.valid if valid is None else valid, self.beam,
+            self.valid if valid is None else valid, self.beam, self._known_depth,
         )  # fmt: skip
-        if "depth" in self.__dict__:
-            tree.__dict__["depth"] = self.__dict__["depth"]
-        return tree
+
+    @property
+    def _known_depth(self) -> torch.Tensor | None:
+        """The nodes' depths where known without a walk (cached or given), else None."""
+        return self.__dict__.get("depth")
 
     @classmethod
     def trusted(
         cls, tokens: torch.Tensor, parents: torch.Tensor, path_prob: torch.Tensor,
         valid: torch.Tensor, beam: tuple[int, int] | None = None,
+        depth: torch.Tensor | None = None,
     ) -> Candidates:
         """Trees built to be valid (the adapter's, from SGLang's tree), not checked: the
-        checks read the tensors on the host, a device synchronisation on a GPU."""
+        checks read the tensors on the host, a device synchronisation on a GPU. `depth` [B, N]:
+        the nodes' depths where the builder knows them (else walked when first read)."""
         tree = object.__new__(cls)
         for name, value in (
             ("tokens", tokens), ("parents", parents), ("path_prob", path_prob), ("valid", valid),
             ("beam", beam),
         ):  # fmt: skip
             object.__setattr__(tree, name, value)
+        if depth is not None:
+            tree.__dict__["depth"] = depth
         return tree
 
     @classmethod
@@ -184,24 +190,20 @@ class Candidates:
     def to_host(self) -> Candidates:
         """The same trees on their way to the host (`host_copy.to_host`), for a read after
         the iteration's buffers were reused."""
-        tree = Candidates.trusted(
+        depth = self._known_depth
+        return Candidates.trusted(
             *(to_host(t) for t in (self.tokens, self.parents, self.path_prob, self.valid)),
-            self.beam,
+            self.beam, None if depth is None else to_host(depth),
         )
-        if "depth" in self.__dict__:
-            tree.__dict__["depth"] = to_host(self.__dict__["depth"])
-        return tree
 
     def rows(self, index: torch.Tensor) -> Candidates:
         """The trees of the requests `index` [R] int64, in that order, not checked again (the
         depths carry over)."""
-        tree = Candidates.trusted(
+        depth = self._known_depth
+        return Candidates.trusted(
             self.tokens[index], self.parents[index], self.path_prob[index], self.valid[index],
-            self.beam,
+            self.beam, None if depth is None else depth[index],
         )
-        if "depth" in self.__dict__:
-            tree.__dict__["depth"] = self.__dict__["depth"][index]
-        return tree
 
     def path_mask(self, nodes: torch.Tensor) -> torch.Tensor:
         """nodes [B] int64 (a node index per request, -1: none) -> [B, N] bool: each node and

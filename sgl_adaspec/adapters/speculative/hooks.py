@@ -358,7 +358,7 @@ def iteration_input(
     for."""
     reqs = batch.reqs
     cands = candidates_from_verify_input(tree, parents)
-    if strict() and "depth" in cands.__dict__:
+    if strict():
         _check_depths(cands)
     blind = draft_blind(reqs)  # [B] bool, host
     if bool(blind.any()):  # the draft never read their prompts: nothing of theirs pays

@@ -21,13 +21,13 @@ class DraftTree:
     - next_token / next_sibling [bs, ntok] int64: SGLang's first-child / next-sibling links;
     - path_prob [bs, ntok - 1] float: f of the nodes but the root;
     - positions [bs * ntok] int64: each node's position, its request's length plus its depth
-      in the tree (None where the input has none)."""
+      in the tree."""
 
     draft_token: torch.Tensor
     next_token: torch.Tensor
     next_sibling: torch.Tensor
     path_prob: torch.Tensor
-    positions: torch.Tensor | None = None
+    positions: torch.Tensor
 
 
 def draft_tree(verify_input, path_prob: torch.Tensor, marked: bool = False) -> DraftTree:
@@ -39,7 +39,7 @@ def draft_tree(verify_input, path_prob: torch.Tensor, marked: bool = False) -> D
         next_token=mark(verify_input.retrieve_next_token),
         next_sibling=mark(verify_input.retrieve_next_sibling),
         path_prob=mark(path_prob),
-        positions=getattr(verify_input, "positions", None),
+        positions=verify_input.positions,
     )
 
 
@@ -73,19 +73,20 @@ def candidates_from_verify_input(tree: DraftTree, parents: torch.Tensor) -> Cand
     node_parents = torch.where(valid, node_parents, -1)
     # f never exceeds the parent's (Candidates checks it); enforce it against rounding.
     prob = path_min(tree.path_prob.float().clamp(0.0, 1.0), node_parents)
-    cands = Candidates.trusted(
-        tokens=tree.draft_token.view(bs, ntok)[:, 1:].long(),
-        parents=node_parents,
-        path_prob=prob,
-        valid=valid,
-    )
-    if tree.positions is not None and tree.positions.numel() == bs * ntok:
+    depth = None
+    if tree.positions.numel() == bs * ntok:
         # The nodes' depths from their positions, not a walk to the root per node (a policy
         # that narrows the tree to a shape reads them between the draft and the verify);
         # 1 for the others, as a walk over their parent links (-1) finds.
         at = tree.positions.view(bs, ntok).long()
-        cands.__dict__["depth"] = torch.where(valid, at[:, 1:] - at[:, :1], 1)
-    return cands
+        depth = torch.where(valid, at[:, 1:] - at[:, :1], 1)
+    return Candidates.trusted(
+        tokens=tree.draft_token.view(bs, ntok)[:, 1:].long(),
+        parents=node_parents,
+        path_prob=prob,
+        valid=valid,
+        depth=depth,
+    )
 
 
 def prune_tree(tree: DraftTree, keep: torch.Tensor, parents: torch.Tensor) -> None:
