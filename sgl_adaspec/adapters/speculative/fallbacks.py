@@ -7,7 +7,8 @@ counted by reason (`/server_info`'s `adaspec.fallbacks`, `/metrics`'s
 `sglang_adaspec:fallbacks_total{reason}`) and logged once per reason with its count. With
 `ADASPEC_STRICT=1` (the test suite sets it) a fallback raises instead, so the first one fails
 the test that met it. `ADASPEC_FAULT_EVERY=N` (tests only) makes the policy's every N-th
-decision raise, to show that both work.
+decision raise, to show that both work; `ADASPEC_FAULT_IN` names the calls that raise
+(default `decide`; `draft_shape` and `observe` as well).
 """
 
 from __future__ import annotations
@@ -21,10 +22,16 @@ logger = logging.getLogger(__name__)
 
 STRICT_ENV = "ADASPEC_STRICT"
 FAULT_EVERY_ENV = "ADASPEC_FAULT_EVERY"
+FAULT_IN_ENV = "ADASPEC_FAULT_IN"
+# The policy's calls a fault can be injected in: the plan's, the decision's, the outcome's.
+FAULTY_CALLS = ("draft_shape", "decide", "observe")
 
 
 class Fallback(enum.StrEnum):
+    PLAN = "plan"  # the policy raised planning the draft (or taking an outcome then): the
+    # configured search runs
     DECISION = "decision"  # the policy raised: the full tree is verified
+    OBSERVE = "observe"  # the policy raised taking an outcome: that outcome is lost to it
     EARLY_EXIT = "early_exit"  # the verify's early exit raised: verified in full
     COST_PROFILE = "cost_profile"  # the verify cost profile raised: policies run without it
     TIER_BUILD = "tier_build"  # building the draft tiers raised: the configured search runs
@@ -37,7 +44,7 @@ class FallbackError(RuntimeError):
 
 
 class InjectedFault(RuntimeError):
-    """The policy's decision that `ADASPEC_FAULT_EVERY` makes fail."""
+    """A policy call that `ADASPEC_FAULT_EVERY` makes fail."""
 
 
 _COUNTS: Counter[str] = Counter()
@@ -88,20 +95,30 @@ def export_metrics() -> None:
 
 
 def inject_faults(policy) -> None:
-    """Under `ADASPEC_FAULT_EVERY=N`, every N-th `policy.decide` raises `InjectedFault`."""
+    """Under `ADASPEC_FAULT_EVERY=N`, every N-th call of each of `ADASPEC_FAULT_IN`'s
+    (default `decide`) raises `InjectedFault`."""
     every = int(os.environ.get(FAULT_EVERY_ENV, "0") or 0)
     if every <= 0:
         return
-    decide, calls = policy.decide, [0]
+    names = os.environ.get(FAULT_IN_ENV, "decide").split(",")
+    unknown = set(names) - set(FAULTY_CALLS)
+    if unknown:
+        raise ValueError(f"{FAULT_IN_ENV} names {sorted(unknown)}; calls: {FAULTY_CALLS}")
+    for name in names:
+        setattr(policy, name, _faulty(getattr(policy, name), name, every))
+    logger.warning("sgl_adaspec: every %d-th call of %s raises (%s)", every, names, FAULT_EVERY_ENV)
 
-    def faulty_decide(it):
+
+def _faulty(call, name: str, every: int):
+    calls = [0]
+
+    def faulty(*args, **kwargs):
         calls[0] += 1
         if calls[0] % every == 0:
-            raise InjectedFault(f"decision {calls[0]} fails ({FAULT_EVERY_ENV}={every})")
-        return decide(it)
+            raise InjectedFault(f"{name} call {calls[0]} fails ({FAULT_EVERY_ENV}={every})")
+        return call(*args, **kwargs)
 
-    policy.decide = faulty_decide
-    logger.warning("sgl_adaspec: every %d-th decision raises (%s)", every, FAULT_EVERY_ENV)
+    return faulty
 
 
 def _is_power_of_ten(n: int) -> bool:

@@ -129,7 +129,12 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
         iteration_ms = 1000 * (end - start)
         ended = _verify_result(batch, scope, iteration_ms, after_prefill, stall_ms)
         decided = (verifying.policy_input, verifying.decision) if verifying else (None, None)
-        for outcome in driver.observe(plan, ended, *decided):
+        try:
+            outcomes = driver.observe(plan, ended, *decided)
+        except Exception as exc:  # the policy must never take the server down
+            fell_back(Fallback.OBSERVE, exc)
+            outcomes = []
+        for outcome in outcomes:
             if state.decision_log is not None:
                 state.decision_log.write(outcome, policy.account())
     fleet_view.publish(policy, end)
@@ -139,19 +144,23 @@ def forward_batch_generation(original: Callable, worker, batch, *args, **kwargs)
 def _plan(driver: IterationDriver, state, batch, configured: tuple[int, int]) -> DraftPlan:
     """The draft this iteration runs, as every TP rank gets it: rank 0's plan, in the built
     tier that covers it (the configured search without tiers), warm only where the steps-0
-    tier was built (`plain_decode`)."""
+    tier was built (`plain_decode`); the configured search if the policy raised."""
     sync, tiers = state.tp_sync, state.tiers
     slo = shape = None
     if sync.leads:
         policy = driver.policy
-        # slo_batch attaches the SLO clock of requests decoding for the first time.
-        with policy_calls():
-            slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
-        # Only where the steps-0 tier was built can a plain iteration keep the draft warm.
-        plan = driver.plan(
-            len(batch.reqs), configured, slo, warm_shape(tiers) is not None,
-            runs_in=lambda asked: _tier_of(tiers, asked, batch) or configured,
-        )  # fmt: skip
+        try:
+            # slo_batch attaches the SLO clock of requests decoding for the first time.
+            with policy_calls():
+                slo = request_state.slo_batch(batch.reqs, policy, policy.baseline_tpot_ms())
+            # Only where the steps-0 tier was built can a plain iteration keep the draft warm.
+            plan = driver.plan(
+                len(batch.reqs), configured, slo, warm_shape(tiers) is not None,
+                runs_in=lambda asked: _tier_of(tiers, asked, batch) or configured,
+            )  # fmt: skip
+        except Exception as exc:  # the policy must never take the server down
+            fell_back(Fallback.PLAN, exc)
+            plan = DraftPlan(*configured, slo=slo)
         shape = (plan.depth, plan.width, plan.keep_warm)
     depth, width, warm = sync.value(shape)
     return DraftPlan(depth, width, warm, slo)
