@@ -214,3 +214,33 @@ def run_probe(policy, committed: int, iteration_ms: float) -> list[tuple[int, in
             )
         )  # fmt: skip
     return shapes
+
+
+def reranked_tree(rng, requests: int, depth: int, width: int, nodes: int) -> Candidates:
+    """SGLang's verify trees of a depth x width draft (an EAGLE draft with topk = width): each
+    step expands the kept frontier to its `width` best children and keeps the level's `width`
+    best; the tree is the `nodes` best of every node expanded, in expansion order, so it also
+    holds leaves the beam did not keep. f falls along each path (random draft probabilities)."""
+    tokens, parents, probs = [], [], []
+    for _ in range(requests):
+        expanded = []  # (f, parent's index into expanded or -1)
+        frontier = [(1.0, -1)]
+        for _ in range(depth):
+            level = []
+            for f, at in frontier:
+                step = sorted((rng.uniform(0.0, 1.0) for _ in range(width)), reverse=True)
+                level += [(f * p, at) for p in step]
+            start = len(expanded)
+            expanded += level
+            best = sorted(range(len(level)), key=lambda i: -level[i][0])[:width]
+            frontier = [(level[i][0], start + i) for i in sorted(best)]
+        chosen = sorted(sorted(range(len(expanded)), key=lambda i: -expanded[i][0])[:nodes])
+        index = {node: i for i, node in enumerate(chosen)}
+        parents.append([-1 if expanded[i][1] < 0 else index[expanded[i][1]] for i in chosen])
+        probs.append([expanded[i][0] for i in chosen])
+        tokens.append(chosen)
+    return Candidates(
+        tokens=torch.tensor(tokens), parents=torch.tensor(parents),
+        path_prob=torch.tensor(probs, dtype=torch.float32),
+        valid=torch.ones(requests, nodes, dtype=torch.bool),
+    )  # fmt: skip

@@ -271,10 +271,12 @@ class AdaservePolicy(AdaservePricing):
             selection = select_for_demand(shaped, Demand.of(required), plan.budget, n_max)
             self._selected_infeasible = infeasible
             return selection, required, plan, None
-        # The draft already ran at its own shape: select within it.
+        # The draft already ran at its own shape: select within all it drafted. SGLang's tree
+        # also holds leaves its beam did not keep; narrowing them off would run a beam search
+        # between the draft and the verify (the gain table narrows its copy after the verify).
         depth = draft_depth if draft_depth is not None else int(cands.max_depth.max())
         width = draft_width or tree_shape(cands.num_requests, self.config.tree)[1]
-        shaped = restrict_to_shape(cands, depth, width)
+        shaped = cands if draft_width else restrict_to_shape(cands, depth, width)
         terms = self._slo_terms
         if terms is None or terms.slo is not slo or terms.shape != (depth, width):
             terms = self._terms_for(slo, depth, width)  # not planned for this draft
