@@ -2,14 +2,17 @@
 verify, each a kernel launch on a GPU and 2-5 us of host time on the project's CPU.
 
     python benchmarks/decision_calls.py [--preset h100-llama8b] [--rate 48] [--requests 200]
-                                        [--policies adaserve,tetris] [--seed 0] [--server-trees]
+                                        [--policies adaserve,tetris] [--seed 0]
+                                        [--server-trees]
 
 The simulator drives each policy through the server's calls (`sim.policies.ServerPolicy`) on
 the same workload; a `TorchFunctionMode` counts the torch functions and tensor methods called
 inside `decide` (attribute reads such as `.shape` left out). Deterministic: the count does not
-depend on the host. `--server-trees`: the candidates as the SGLang adapter hands them over on a
-GPU server, device tensors (`host_reads.on_device`: no shortcut reads them) with their depths
-and no layout promise, so a policy that narrows them to a shape searches for it. Prints calls per decision per policy; last line
+depend on the host. `--server-trees`: the simulator's trees handed over as the SGLang adapter
+hands its own on a GPU server, device tensors (`host_reads.on_device`: no shortcut reads them)
+with their depths and no layout promise, so a policy that narrows them to a shape searches
+for it (they hold no leaf off the beam, as SGLang's do; a count of calls barely depends on
+that). Prints calls per decision per policy; last line
 adaserve_torch_calls_per_decision=<x>.
 """
 
@@ -42,8 +45,8 @@ class CallCounter(TorchFunctionMode):
 
 
 def on_a_server(cands: Candidates) -> Candidates:
-    """`cands` as the SGLang adapter builds them on a GPU: device tensors, depths known (read
-    from SGLang's positions), no layout promise."""
+    """`cands` handed over as the SGLang adapter hands its own on a GPU: device tensors,
+    depths known (it reads them from SGLang's positions), no layout promise."""
     return Candidates.trusted(
         *(on_device(t) for t in (cands.tokens, cands.parents, cands.path_prob, cands.valid)),
         depth=on_device(cands.depth),

@@ -223,9 +223,11 @@ class IterationDriver:
                     draft_stale=ended.draft_stale,
                     note=ended.note,
                 )
-                self.policy.observe(outcome)
-            if result.on_taken is not None:
-                result.on_taken(outcome)
+                try:
+                    self.policy.observe(outcome)
+                finally:  # the caller's bookkeeping of the requests stands if the policy raised
+                    if result.on_taken is not None:
+                        result.on_taken(outcome)
             taken.append(outcome)
         if taken and self._forget:
             self._forget_now()

@@ -1,8 +1,8 @@
 """adaserve on a server's draft: SGLang's verify tree holds the nodes its reranking kept of
 every node the draft expanded, leaves its beam did not keep among them. The selection takes
 them as candidates (no beam search between the draft and the verify); the gain table, read
-after the verify, searches each width's beam in the tree, so the drafted width's gain is its
-beam's, not the tree's."""
+after the verify, prices the drafted width by all of them, as the selection takes them, and
+each narrower width by its beam searched in the tree."""
 
 from __future__ import annotations
 
@@ -78,13 +78,26 @@ def _table(cands, width: int):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_the_gain_table_reads_each_width_as_its_beam_in_a_servers_draft(seed):
-    tree = reranked_tree(random.Random(seed), 3, *DRAFT, NODES)
-    assert not torch.equal(restrict_to_shape(tree, *DRAFT).valid, tree.valid)  # off-beam leaves
+def test_the_gain_table_prices_the_drafted_width_by_every_node_and_narrower_ones_by_beams(seed):
+    requests, depth = 3, DRAFT[0]
+    tree = reranked_tree(random.Random(seed), requests, *DRAFT, NODES)
+    drafted_beam = restrict_to_shape(tree, *DRAFT)
+    assert not torch.equal(drafted_beam.valid, tree.valid)  # off-beam leaves
     gain = ShapeGain(max_nodes=8)
     gain.observe(tree, *DRAFT)
     gain.refresh(lambda f: f)
-    for width in (1, DRAFT[1]):
-        rows = [w == width for _, w in gain.shapes]
-        beam_of_width = restrict_to_shape(tree, DRAFT[0], width)
-        assert torch.equal(gain.table[rows], _table(beam_of_width, width)), width
+    drafted = gain.table[[w == DRAFT[1] for _, w in gain.shapes]]  # [depth, 9]
+    # The drafted width: the batch's best 3 k nodes of depth <= d among all the tree's (each
+    # request's best 8 pooled: the table's most nodes), per request, as the selection spends
+    # a plan's budget on that draft.
+    for d in range(1, depth + 1):
+        f = torch.where(tree.depth <= d, tree.path_prob.double(), 0.0)
+        pool = f.sort(dim=1, descending=True).values[:, :8].flatten()
+        best = pool.sort(descending=True).values.cumsum(0)
+        k = torch.arange(1, 9)
+        expected = best[(requests * k - 1).clamp(max=len(best) - 1)] / requests
+        assert drafted[d - 1, 1:].tolist() == pytest.approx(expected.tolist(), abs=1e-12)
+    assert not torch.equal(drafted, _table(drafted_beam, DRAFT[1]))  # the leaves count
+    # A narrower width: its beam, searched in the tree.
+    chains = gain.table[[w == 1 for _, w in gain.shapes]]
+    assert torch.equal(chains, _table(restrict_to_shape(tree, depth, 1), 1))

@@ -3,6 +3,7 @@ the hooks' planning through it (`sgl_adaspec/adapters/speculative/hooks.py`, `_p
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -93,6 +94,22 @@ def test_observe_reports_accept_lengths_once_and_the_first_decided_draft_as_warm
         assert outcome.warm_up is expected_warm_up and outcome.speculated
         assert outcome.accepted.tolist() == [3, 1]  # bonus included, as given
     assert [o.warm_up for o in policy.outcomes] == [False, True, False]
+
+
+class _Raising(Scripted):
+    def observe(self, outcome) -> None:
+        raise RuntimeError("the policy's observe fails")
+
+
+def test_the_callers_bookkeeping_stands_when_the_policys_observe_raises():
+    # The server counts the raise as a fallback and goes on: the requests' committed tokens
+    # must still be recorded (`VerifyResult.on_taken`), or their SLO clocks fall behind.
+    driver, taken = IterationDriver(_Raising(shapes=[(0, 0)])), []
+    plan = driver.plan(2, (2, 1), _slo(2))
+    result = dataclasses.replace(_result(2, [1, 1]), on_taken=taken.append)
+    with pytest.raises(RuntimeError, match="observe fails"):
+        driver.observe(plan, result)
+    assert [outcome.accepted.tolist() for outcome in taken] == [[1, 1]]
 
 
 def test_the_simulator_drives_server_policies_through_the_driver(monkeypatch):

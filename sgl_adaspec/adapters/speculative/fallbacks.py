@@ -100,7 +100,7 @@ def inject_faults(policy) -> None:
     every = int(os.environ.get(FAULT_EVERY_ENV, "0") or 0)
     if every <= 0:
         return
-    names = os.environ.get(FAULT_IN_ENV, "decide").split(",")
+    names = sorted({name.strip() for name in os.environ.get(FAULT_IN_ENV, "decide").split(",")})
     unknown = set(names) - set(FAULTY_CALLS)
     if unknown:
         raise ValueError(f"{FAULT_IN_ENV} names {sorted(unknown)}; calls: {FAULTY_CALLS}")

@@ -252,12 +252,10 @@ class _KeptDraft:
 def _beams_within(
     cands: Candidates, depth: int, width: int, widths: tuple[int, ...]
 ) -> torch.Tensor:
-    """`beams_of_widths` [W, B, N] of a depth x width draft: at `width` itself, where the
-    candidates say they are that beam's, the beam is the candidates and only narrower widths
-    are searched (a server's tree also holds leaves its beam did not keep)."""
-    beam = cands.beam
-    drafted = beam is not None and beam[0] <= depth and beam[1] <= width
-    if widths and widths[-1] == width and drafted:
+    """`beams_of_widths` [W, B, N] of a depth x width draft: at `width` itself every candidate
+    (what the selection of that draft takes from: on a server, leaves its beam did not keep
+    too), so only narrower widths are searched."""
+    if widths and widths[-1] == width:
         narrower = widths[:-1]
         whole = cands.valid.unsqueeze(0)
         if not narrower:

@@ -114,7 +114,8 @@ class AdaservePolicy(AdaservePricing):
         required = required_tokens(slo, (self.t_spec_ms or 0.0) * pace)
         infeasible = self._infeasible(slo, depth)
         n = slo.num_requests
-        # Verifies of n roots and up to every node of the n depth x width trees.
+        # Verifies of n roots and up to d x w nodes of each request: the beam's count, which
+        # the plan prices (a server's tree may hold more; a fitted budget buys no more).
         nodes = torch.arange(n * depth * width + 1)
         verify = self.verify_latency.tokens_curve(n + nodes.double())
         demand = Demand.of(
