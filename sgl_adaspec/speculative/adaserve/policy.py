@@ -274,7 +274,7 @@ class AdaservePolicy(AdaservePricing):
             return selection, required, plan, None
         # The draft already ran at its own shape: select within all it drafted. SGLang's tree
         # also holds leaves its beam did not keep; narrowing them off would run a beam search
-        # between the draft and the verify (the gain table narrows its copy after the verify).
+        # between the draft and the verify (the gain table prices the drafted width so too).
         depth = draft_depth if draft_depth is not None else int(cands.max_depth.max())
         width = draft_width or tree_shape(cands.num_requests, self.config.tree)[1]
         shaped = cands if draft_width else restrict_to_shape(cands, depth, width)
